@@ -1,0 +1,263 @@
+package algo
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestExactUnderConcurrency hammers one key from 64 goroutines over several
+// Redis connections: exactly Limit requests pass. The clock is pinned so
+// nothing refills during the test.
+func TestExactUnderConcurrency(t *testing.T) {
+	const limit, goroutines, attempts = 50, 64, 8
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowLog, TokenBucket, GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			rs, _, _ := newRedisStore(t, &redis.Options{PoolSize: 8})
+			rs.clock = newFakeClock(epoch.Add(17 * time.Minute)).Now
+			mem := NewMemory(MemoryOptions{Clock: rs.clock, SweepInterval: -1})
+			t.Cleanup(func() { _ = mem.Close() })
+			for _, st := range []namedStore{{"memory", mem}, {"redis", rs}} {
+				rule := mustRule(t, Spec{Name: "hammer", Algorithm: a, Limit: limit, Window: time.Hour})
+				var admitted, denied atomic.Int64
+				var wg sync.WaitGroup
+				errs := make(chan error, goroutines)
+				for g := 0; g < goroutines; g++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						var res [1]Result
+						for i := 0; i < attempts; i++ {
+							ok, err := st.store.Decide(context.Background(), []Request{{Rule: rule, Key: "one"}}, res[:])
+							if err != nil {
+								errs <- err
+								return
+							}
+							if ok {
+								admitted.Add(1)
+							} else {
+								denied.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Fatalf("%s: %v", st.name, err)
+				}
+				if got := admitted.Load(); got != limit {
+					t.Errorf("%s: %d of %d requests admitted, want exactly %d", st.name, got, goroutines*attempts, limit)
+				}
+				if got := denied.Load(); got != goroutines*attempts-limit {
+					t.Errorf("%s: %d denied, want %d", st.name, got, goroutines*attempts-limit)
+				}
+			}
+		})
+	}
+}
+
+// TestAllOrNothing: for every pair of algorithms, a request that rule B
+// denies leaves rule A exactly as it was.
+func TestAllOrNothing(t *testing.T) {
+	clock := newFakeClock(epoch.Add(5 * time.Minute))
+	ctx := context.Background()
+	for _, st := range bothStores(t, clock) {
+		for _, a := range Algorithms() {
+			for _, b := range Algorithms() {
+				name := fmt.Sprintf("%s/%s+%s", st.name, a, b)
+				t.Run(name, func(t *testing.T) {
+					ra := mustRule(t, Spec{Name: "a-" + a.String(), Algorithm: a, Limit: 10, Window: time.Minute})
+					rb := mustRule(t, Spec{Name: "b-" + b.String(), Algorithm: b, Limit: 1, Window: time.Minute})
+					key := name // a fresh key per pair
+					both := []Request{{Rule: ra, Key: key}, {Rule: rb, Key: key}}
+					res := make([]Result, 2)
+
+					ok, err := st.store.Decide(ctx, both, res)
+					if err != nil || !ok {
+						t.Fatalf("first decision = %v, %v (%+v), want allowed", ok, err, res)
+					}
+					if got, want := res[0].Remaining, int64(9); got != want {
+						t.Fatalf("after one request A.Remaining = %d, want %d", got, want)
+					}
+					for i := 0; i < 3; i++ {
+						ok, err = st.store.Decide(ctx, both, res)
+						if err != nil || ok {
+							t.Fatalf("decision %d = %v, %v, want denied by B", i+2, ok, err)
+						}
+						if !res[0].Allowed || res[1].Allowed {
+							t.Errorf("decision %d: A.Allowed = %v, B.Allowed = %v; want true, false", i+2, res[0].Allowed, res[1].Allowed)
+						}
+						if got, want := res[0].Remaining, int64(9); got != want {
+							t.Errorf("decision %d denied by B: A.Remaining = %d, want %d (unchanged)", i+2, got, want)
+						}
+					}
+					// A alone shows it consumed nothing for the denials.
+					if got, want := decideOne(t, st.store, Request{Rule: ra, Key: key}).Remaining, int64(8); got != want {
+						t.Errorf("A alone afterwards: Remaining = %d, want %d", got, want)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestKeysExpire runs a mixed load with Redis TIME and checks that every key
+// has a TTL no longer than its rule needs, and that none remain once the
+// longest window has passed.
+func TestKeysExpire(t *testing.T) {
+	rs, client, _ := newRedisStore(t, nil)
+	ctx := context.Background()
+	const longest = 400 * time.Millisecond
+	rules := []*Rule{
+		mustRule(t, Spec{Name: "fw", Algorithm: FixedWindow, Limit: 3, Window: longest}),
+		mustRule(t, Spec{Name: "swl", Algorithm: SlidingWindowLog, Limit: 3, Window: 300 * time.Millisecond}),
+		// The counter's state lasts two windows: its previous window
+		// still weighs in the current one.
+		mustRule(t, Spec{Name: "swc", Algorithm: SlidingWindowCounter, Limit: 3, Window: longest / 2}),
+		mustRule(t, Spec{Name: "tb", Algorithm: TokenBucket, Limit: 3, Window: 300 * time.Millisecond}),
+		mustRule(t, Spec{Name: "lb", Algorithm: LeakyBucket, Limit: 3, Window: 300 * time.Millisecond, Delay: 50 * time.Millisecond}),
+		mustRule(t, Spec{Name: "gcra", Algorithm: GCRA, Limit: 3, Window: longest, Burst: 2}),
+	}
+	horizon := map[string]time.Duration{"fw": longest, "swl": 300 * ms, "swc": longest, "tb": 300 * ms, "lb": 300*ms + 50*ms, "gcra": longest}
+	res := make([]Result, 3)
+	for i := 0; i < 60; i++ {
+		key := strconv.Itoa(i % 4)
+		reqs := []Request{
+			{Rule: rules[i%len(rules)], Key: key, Cost: int64(1 + i%2)},
+			{Rule: rules[(i+1)%len(rules)], Key: key},
+			{Rule: rules[(i+3)%len(rules)], Key: "shared"},
+		}
+		if _, err := rs.Decide(ctx, reqs, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, err := client.Keys(ctx, rs.prefix+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) == 0 {
+		t.Fatal("no keys written")
+	}
+	for _, k := range keys {
+		ttl, err := client.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rule := strings.SplitN(strings.TrimPrefix(k, rs.prefix+":"), ":", 2)[0]
+		if ttl <= 0 {
+			t.Errorf("key %s has no TTL (PTTL %v)", k, ttl)
+		} else if ttl > horizon[rule]+ms {
+			t.Errorf("key %s has TTL %v, longer than its rule needs (%v)", k, ttl, horizon[rule])
+		}
+	}
+	deadline := time.Now().Add(longest + 2*time.Second)
+	for {
+		n := 0
+		iter := client.Scan(ctx, 0, rs.prefix+":*", 100).Iterator()
+		for iter.Next(ctx) {
+			n++
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys remain %v after the longest window", n, longest+2*time.Second)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// roundTrips counts the commands a client sends, a pipeline counting once.
+type roundTrips struct{ n atomic.Int64 }
+
+func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
+}
+
+// TestOneRoundTrip proves from both ends that a decision is one command,
+// whatever the number of rules: the client sends one, and Redis counts one
+// EVALSHA per decision and no other command from a client.
+func TestOneRoundTrip(t *testing.T) {
+	rs, client, srv := newRedisStore(t, nil)
+	ctx := context.Background()
+	if err := rs.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var rules []*Rule
+	for i, a := range Algorithms() {
+		rules = append(rules, mustRule(t, Spec{Name: fmt.Sprintf("r%d", i), Algorithm: a, Limit: 5, Window: time.Minute}))
+	}
+	admin := srv.Client(t)
+	stats := func() (evalsha, eval int64) {
+		info, err := admin.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return commandCalls(info, "evalsha"), commandCalls(info, "eval")
+	}
+	hook := &roundTrips{}
+	client.AddHook(hook)
+	for _, n := range []int{1, 3, len(rules)} {
+		sha0, eval0 := stats()
+		hook.n.Store(0)
+		const decisions = 10
+		res := make([]Result, n)
+		reqs := make([]Request, n)
+		for i := range reqs {
+			reqs[i] = Request{Rule: rules[i], Key: "rt"}
+		}
+		for i := 0; i < decisions; i++ {
+			if _, err := rs.Decide(ctx, reqs, res); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sha1, eval1 := stats()
+		if got := hook.n.Load(); got != decisions {
+			t.Errorf("%d rules: client sent %d commands for %d decisions, want %d", n, got, decisions, decisions)
+		}
+		if got := sha1 - sha0; got != decisions {
+			t.Errorf("%d rules: Redis counted %d EVALSHA for %d decisions, want %d", n, got, decisions, decisions)
+		}
+		if got := eval1 - eval0; got != 0 {
+			t.Errorf("%d rules: Redis counted %d EVAL, want 0 once the script is loaded", n, got)
+		}
+	}
+}
+
+// commandCalls reads calls=N for one command from INFO commandstats.
+func commandCalls(info, cmd string) int64 {
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// TestScriptReloadsAfterFlush: a Redis that lost its script cache (restart,
+// failover, SCRIPT FLUSH) answers NOSCRIPT, and Decide falls back to EVAL.
+func TestScriptReloadsAfterFlush(t *testing.T) {
+	rs, client, _ := newRedisStore(t, nil)
+	ctx := context.Background()
+	rule := mustRule(t, Spec{Name: "x", Algorithm: FixedWindow, Limit: 2, Window: time.Minute})
+	decideOne(t, rs, Request{Rule: rule, Key: "k"})
+	if err := client.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := decideOne(t, rs, Request{Rule: rule, Key: "k"}); !got.Allowed || got.Remaining != 0 {
+		t.Errorf("after SCRIPT FLUSH: %+v, want allowed with 0 remaining", got)
+	}
+}

@@ -1,0 +1,103 @@
+package algo
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// benchKeys is how many distinct keys a benchmark cycles through, generated
+// before the timer starts.
+const benchKeys = 4096
+
+func benchRules(b *testing.B, a Algorithm, n int) []*Rule {
+	rules := make([]*Rule, n)
+	for i := range rules {
+		// Generous limits, so the benchmark measures admissions.
+		rules[i] = mustRule(b, Spec{Name: fmt.Sprintf("bench%d", i), Algorithm: a, Limit: 1 << 28, Window: time.Hour})
+	}
+	return rules
+}
+
+func benchRequests(rules []*Rule) [][]Request {
+	all := make([][]Request, benchKeys)
+	for k := range all {
+		key := "198.51.100." + strconv.Itoa(k)
+		for _, r := range rules {
+			all[k] = append(all[k], Request{Rule: r, Key: key})
+		}
+	}
+	return all
+}
+
+// BenchmarkDecide measures one decision of one rule and of three rules, per
+// algorithm and store, serially and from parallel goroutines.
+func BenchmarkDecide(b *testing.B) {
+	rs, client, _ := newRedisStore(b, &redis.Options{PoolSize: 16})
+	if err := rs.Load(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	// The floor for any Redis store: one PING round trip on the same client.
+	b.Run("redis/ping-baseline", func(b *testing.B) {
+		ctx := context.Background()
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if err := client.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	for _, st := range []namedStore{{"memory", nil}, {"redis", rs}} {
+		for _, a := range Algorithms() {
+			for _, n := range []int{1, 3} {
+				reqs := benchRequests(benchRules(b, a, n))
+				name := fmt.Sprintf("%s/%s/rules=%d", st.name, a, n)
+				b.Run(name+"/serial", func(b *testing.B) {
+					store := st.store
+					if store == nil {
+						store = newBenchMemory(b)
+					}
+					res := make([]Result, n)
+					ctx := context.Background()
+					b.ReportAllocs()
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						if _, err := store.Decide(ctx, reqs[i%benchKeys], res); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+				b.Run(name+"/parallel", func(b *testing.B) {
+					store := st.store
+					if store == nil {
+						store = newBenchMemory(b)
+					}
+					var next atomic.Int64
+					ctx := context.Background()
+					b.ReportAllocs()
+					b.ResetTimer()
+					b.RunParallel(func(pb *testing.PB) {
+						res := make([]Result, n)
+						for pb.Next() {
+							if _, err := store.Decide(ctx, reqs[next.Add(1)%benchKeys], res); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+func newBenchMemory(b *testing.B) *Memory {
+	m := NewMemory(MemoryOptions{SweepInterval: -1})
+	b.Cleanup(func() { _ = m.Close() })
+	return m
+}

@@ -1,0 +1,90 @@
+package algo
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/authlimit/authlimit/internal/redistest"
+)
+
+// decider is what the tests need of a store.
+type decider interface {
+	Decide(ctx context.Context, reqs []Request, res []Result) (bool, error)
+}
+
+var (
+	_ decider = (*Memory)(nil)
+	_ decider = (*Redis)(nil)
+)
+
+// fakeClock is a clock the test moves by hand.
+type fakeClock struct{ us atomic.Int64 }
+
+func (c *fakeClock) Now() time.Time            { return time.UnixMicro(c.us.Load()) }
+func (c *fakeClock) Set(t time.Time)           { c.us.Store(t.UnixMicro()) }
+func (c *fakeClock) Advance(d time.Duration)   { c.us.Add(d.Microseconds()) }
+func newFakeClock(t time.Time) *fakeClock      { c := &fakeClock{}; c.Set(t); return c }
+func (c *fakeClock) Micros() int64             { return c.us.Load() }
+func (c *fakeClock) SetMicros(us int64)        { c.us.Store(us) }
+func (c *fakeClock) Since(t0 time.Time) string { return c.Now().Sub(t0).String() }
+
+// epoch is a pinned start aligned to a day, so every window in the tables
+// begins at it.
+var epoch = time.Unix(1799971200, 0)
+
+type namedStore struct {
+	name  string
+	store decider
+}
+
+// bothStores returns a memory store and a Redis store on a real server, both
+// reading clock.
+func bothStores(t *testing.T, clock *fakeClock) []namedStore {
+	t.Helper()
+	mem := NewMemory(MemoryOptions{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { _ = mem.Close() })
+	srv := redistest.New(t)
+	rs := NewRedis(srv.Client(t), srv.Prefix(t))
+	rs.clock = clock.Now
+	return []namedStore{{"memory", mem}, {"redis", rs}}
+}
+
+// newRedisStore returns a Redis store on a real server with the script's own
+// clock (Redis TIME), the client and the server.
+func newRedisStore(t testing.TB, opts *redis.Options) (*Redis, *redis.Client, *redistest.Server) {
+	t.Helper()
+	srv := redistest.New(t)
+	if opts == nil {
+		opts = &redis.Options{}
+	}
+	base, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Addr, opts.Username, opts.Password, opts.DB = base.Addr, base.Username, base.Password, base.DB
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return NewRedis(c, srv.Prefix(t)), c, srv
+}
+
+func mustRule(t testing.TB, s Spec) *Rule {
+	t.Helper()
+	r, err := NewRule(s)
+	if err != nil {
+		t.Fatalf("NewRule(%+v): %v", s, err)
+	}
+	return r
+}
+
+func decideOne(t testing.TB, st decider, q Request) Result {
+	t.Helper()
+	var res [1]Result
+	if _, err := st.Decide(context.Background(), []Request{q}, res[:]); err != nil {
+		t.Fatalf("Decide(%s, %q): %v", q.Rule.Name(), q.Key, err)
+	}
+	return res[0]
+}
