@@ -261,3 +261,43 @@ func TestScriptReloadsAfterFlush(t *testing.T) {
 		t.Errorf("after SCRIPT FLUSH: %+v, want allowed with 0 remaining", got)
 	}
 }
+
+// TestShadowRulesCountButNeverDeny: a shadow rule's denial admits the
+// request anyway; an enforcing denial consumes nothing, shadow rules
+// included; an admitted request counts in every allowing shadow rule.
+func TestShadowRulesCountButNeverDeny(t *testing.T) {
+	clock := newFakeClock(epoch.Add(time.Hour))
+	ctx := context.Background()
+	for _, st := range bothStores(t, clock) {
+		for _, a := range Algorithms() {
+			t.Run(st.name+"/"+a.String(), func(t *testing.T) {
+				enforce := mustRule(t, Spec{Name: "enforce", Algorithm: a, Limit: 1, Window: time.Minute})
+				shadow := mustRule(t, Spec{Name: "shadow", Algorithm: a, Limit: 2, Window: time.Minute})
+				res := make([]Result, 2)
+				decide := func(enforceKey, shadowKey string) bool {
+					t.Helper()
+					ok, err := st.store.Decide(ctx, []Request{{Rule: enforce, Key: enforceKey}, {Rule: shadow, Key: shadowKey, Shadow: true}}, res)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return ok
+				}
+				if !decide("e1", "s") || !res[1].Allowed || res[1].Remaining != 1 {
+					t.Fatalf("first request: %+v, want admitted with the shadow rule at 1 remaining", res)
+				}
+				if !decide("e2", "s") || res[1].Remaining != 0 {
+					t.Fatalf("second request: %+v, want admitted, shadow at 0", res)
+				}
+				if !decide("e3", "s") || res[1].Allowed || res[1].Reason != ReasonLimited {
+					t.Fatalf("third request: %+v, want admitted although the shadow rule denies", res)
+				}
+				if decide("e3", "fresh") {
+					t.Fatalf("fourth request admitted past the used-up enforcing rule: %+v", res)
+				}
+				if got := decideOne(t, st.store, Request{Rule: shadow, Key: "fresh"}); got.Remaining != 1 {
+					t.Errorf("shadow rule after an enforced denial: Remaining = %d, want 1 (nothing consumed)", got.Remaining)
+				}
+			})
+		}
+	}
+}

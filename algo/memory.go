@@ -160,16 +160,16 @@ func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool
 			o = q.Rule.decide(s, now, cost(q))
 		}
 		out, states = append(out, o), append(states, s)
-		all = all && o.held.Allowed
-	}
-	if !all {
-		// All or nothing: a denial anywhere consumes nothing anywhere.
-		for i := range out {
-			res[i] = out[i].held
-		}
-		return false, nil
+		all = all && (o.held.Allowed || q.Shadow)
 	}
 	for i, q := range reqs {
+		// All or nothing: a denial by an enforcing rule consumes
+		// nothing anywhere; a request admitted counts in every rule
+		// that allows it, shadow rules included.
+		if !all || !out[i].held.Allowed {
+			res[i] = out[i].held
+			continue
+		}
 		s := states[i]
 		if s == nil {
 			s = m.shards[shards[i]].insert(keys[i], m.perShard, now)
@@ -177,7 +177,7 @@ func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool
 		q.Rule.commit(s, out[i].next, now, cost(q))
 		res[i] = out[i].taken
 	}
-	return true, nil
+	return all, nil
 }
 
 // decideOne is Decide for the common single rule: one shard, one lock.
@@ -196,7 +196,7 @@ func (m *Memory) decideOne(q Request, res *Result, now int64) bool {
 	}
 	if !o.held.Allowed {
 		*res = o.held
-		return false
+		return q.Shadow
 	}
 	if s == nil {
 		s = sh.insert(k, m.perShard, now)

@@ -11,6 +11,10 @@ type Request struct {
 	Key string
 	// Cost is the weight of the request; zero means the rule's Cost.
 	Cost int64
+	// Shadow makes the rule advisory: it is decided, and it consumes when
+	// the request is admitted and it allows, but its denial does not deny
+	// the request.
+	Shadow bool
 }
 
 // Reason says why a rule denied a request.

@@ -11,15 +11,18 @@
 --          only tests pin the time.
 -- ARGV[2]: a nonce unique to this call across every replica; it makes
 --          sliding_window_log members unique within a microsecond.
--- ARGV[3..]: per rule 7 values: algorithm (1 fixed_window,
+-- ARGV[3..]: per rule 8 values: algorithm (1 fixed_window,
 --          2 sliding_window_log, 3 sliding_window_counter, 4 token_bucket,
 --          5 leaky_bucket, 6 gcra), limit, window (us), burst, delay (us),
---          cost, max cost (the largest cost the rule can ever admit).
--- Reply: {all allowed (1 or 0), then per rule 6 integers: allowed (1 or 0),
---        remaining, reset after (us), retry after (us), delay (us),
---        reason (0 none, 1 limited, 2 cost too high)}. When every rule
---        allows, the counts are those after consuming; otherwise nothing is
---        consumed and the counts are those that stand.
+--          cost, max cost (the largest cost the rule can ever admit),
+--          shadow (1: the rule's denial does not deny the request).
+-- Reply: {admitted (1 or 0), the time used (us), then per rule 6 integers:
+--        allowed (1 or 0), remaining, reset after (us), retry after (us),
+--        delay (us), reason (0 none, 1 limited, 2 cost too high)}.
+--        The request is admitted when every rule that is not a shadow
+--        allows; then every allowing rule consumes and answers with its
+--        counts after consuming. Otherwise nothing is consumed and the
+--        counts are those that stand.
 --
 -- State, by algorithm:
 --   fixed_window            hash w (window index), n (count)
@@ -268,7 +271,7 @@ end
 
 -- Phase one: every rule decides without writing.
 local rules, all, k = {}, 1, 1
-for a = 3, #ARGV, 7 do
+for a = 3, #ARGV, 8 do
   local r = {
     algorithm = tonumber(ARGV[a]),
     L = tonumber(ARGV[a + 1]),
@@ -277,6 +280,7 @@ for a = 3, #ARGV, 7 do
     D = tonumber(ARGV[a + 4]),
     cost = tonumber(ARGV[a + 5]),
     cap = tonumber(ARGV[a + 6]),
+    shadow = ARGV[a + 7] == '1',
     key = KEYS[k],
     allowed = 0, remaining = 0, reset = 0, retry = 0, t_delay = 0,
   }
@@ -286,15 +290,15 @@ for a = 3, #ARGV, 7 do
     k = k + 1
   end
   algorithms[r.algorithm](r)
-  if r.allowed == 0 then
+  if r.allowed == 0 and not r.shadow then
     all = 0
   end
   rules[#rules + 1] = r
 end
 
--- Phase two: only if every rule admits, write, and answer with the counts
--- after consuming; otherwise answer with the counts as they stand.
-local reply = { all }
+-- Phase two: only if the request is admitted, write, and answer with the
+-- counts after consuming; otherwise answer with the counts as they stand.
+local reply = { all, now }
 for _, r in ipairs(rules) do
   local remaining, reset, retry, delay, reason = r.remaining, r.reset, r.retry, 0, 0
   if r.allowed == 0 then

@@ -9,3 +9,9 @@ import _ "embed"
 //
 //go:embed decide.lua
 var Decide string
+
+// Refund is refund.lua: it takes back what Decide consumed, for decisions
+// that span several Redis Cluster slots and so several Decide calls.
+//
+//go:embed refund.lua
+var Refund string

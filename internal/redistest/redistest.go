@@ -302,3 +302,103 @@ func container(t testing.TB) (*Server, error) {
 	addr := net.JoinHostPort(host, port.Port())
 	return &Server{URL: "redis://" + addr, Addr: addr, Owned: true}, nil
 }
+
+// EnvClusterAddrs names the variable that points cluster tests at an
+// existing Redis Cluster: comma-separated host:port of its nodes.
+const EnvClusterAddrs = "AUTHLIMIT_TEST_REDIS_CLUSTER_ADDRS"
+
+// Cluster is a Redis Cluster for one test.
+type Cluster struct {
+	// Addrs are the nodes' host:port.
+	Addrs []string
+	// Nodes are the servers, when the test started them.
+	Nodes []*Server
+}
+
+// NewCluster returns a Redis Cluster for t: the one EnvClusterAddrs names,
+// or three redis-server primaries started on free loopback ports and joined
+// into a cluster, stopped when t ends. If neither works the test fails.
+func NewCluster(t testing.TB) *Cluster {
+	t.Helper()
+	if addrs := os.Getenv(EnvClusterAddrs); addrs != "" {
+		return &Cluster{Addrs: strings.Split(addrs, ",")}
+	}
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redistest: no Redis Cluster for the tests. Set %s to a cluster's node addresses, or put redis-server on PATH (Debian: apt-get install redis-server)", EnvClusterAddrs)
+	}
+	c := &Cluster{}
+	for i := 0; i < 3; i++ {
+		s, err := Start(t, path, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		if err != nil {
+			t.Fatalf("redistest: cluster node: %v", err)
+		}
+		c.Nodes = append(c.Nodes, s)
+		c.Addrs = append(c.Addrs, s.Addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Split the 16384 slots between the nodes and introduce them.
+	for i, addr := range c.Addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		lo, hi := i*16384/len(c.Addrs), (i+1)*16384/len(c.Addrs)-1
+		if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatalf("redistest: CLUSTER ADDSLOTSRANGE on %s: %v", addr, err)
+		}
+		if i > 0 {
+			host, port, _ := net.SplitHostPort(c.Addrs[0])
+			if err := node.Do(ctx, "CLUSTER", "MEET", host, port).Err(); err != nil {
+				t.Fatalf("redistest: CLUSTER MEET from %s: %v", addr, err)
+			}
+		}
+		_ = node.Close()
+	}
+	for _, addr := range c.Addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, err := node.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:3") {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("redistest: cluster not ready on %s: %v %s", addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		_ = node.Close()
+	}
+	return c
+}
+
+// Client returns a cluster client, closed when t ends.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// Prefix returns a random key prefix for t and, on a cluster the test did
+// not start, deletes every key under it from every primary when t ends.
+func (c *Cluster) Prefix(t testing.TB) string {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "authlimit-test-" + hex.EncodeToString(b[:])
+	if c.Nodes == nil {
+		t.Cleanup(func() {
+			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+			defer cc.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+				iter := node.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+				for iter.Next(ctx) {
+					node.Del(ctx, iter.Val())
+				}
+				return nil
+			})
+		})
+	}
+	return prefix
+}

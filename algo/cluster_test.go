@@ -1,0 +1,109 @@
+package algo
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/authlimit/authlimit/internal/redistest"
+)
+
+func TestSlotMatchesRedis(t *testing.T) {
+	cluster := redistest.NewCluster(t)
+	client := cluster.Client(t)
+	ctx := context.Background()
+	for _, tag := range []string{"a", "203.0.113.7", "2001:db8::/64", "user@example.com", keyTag(strings.Repeat("z", 100)), "123456789"} {
+		want, err := client.ClusterKeySlot(ctx, "x{"+tag+"}y").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slot(tag); int64(got) != want {
+			t.Errorf("slot(%q) = %d, Redis says %d", tag, got, want)
+		}
+	}
+}
+
+// TestClusterSplitsBySlotAndRefunds runs decisions whose keys span cluster
+// slots: they are admitted when every slot admits, and a denial in one slot
+// leaves the other slots' state as it was.
+func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
+	cluster := redistest.NewCluster(t)
+	rs := NewRedis(cluster.Client(t), cluster.Prefix(t))
+	if !rs.cluster {
+		t.Fatal("a cluster client did not make a cluster store")
+	}
+	ctx := context.Background()
+	if err := rs.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range Algorithms() {
+		t.Run(a.String(), func(t *testing.T) {
+			ra := mustRule(t, Spec{Name: "a-" + a.String(), Algorithm: a, Limit: 3, Window: time.Minute})
+			rb := mustRule(t, Spec{Name: "b-" + a.String(), Algorithm: FixedWindow, Limit: 1, Window: time.Minute})
+			ka, kb := "client-a", "global"
+			if slot(keyTag(ka)) == slot(keyTag(kb)) {
+				t.Fatal("test keys share a slot")
+			}
+			both := []Request{{Rule: ra, Key: ka}, {Rule: rb, Key: kb}}
+			res := make([]Result, 2)
+			ok, err := rs.Decide(ctx, both, res)
+			if err != nil || !ok {
+				t.Fatalf("first decision = %v, %v, want admitted", ok, err)
+			}
+			if res[0].Remaining != 2 || res[1].Remaining != 0 {
+				t.Fatalf("first decision results %+v, want 2 and 0 remaining", res)
+			}
+			ok, err = rs.Decide(ctx, both, res)
+			if err != nil || ok {
+				t.Fatalf("second decision = %v, %v, want denied by the global rule", ok, err)
+			}
+			if !res[0].Allowed || res[0].Remaining != 2 {
+				t.Errorf("second decision: A = %+v, want allowed with 2 remaining (unconsumed)", res[0])
+			}
+			if got := decideOne(t, rs, Request{Rule: ra, Key: ka}); got.Remaining != 1 {
+				t.Errorf("A alone after the denied decision: Remaining = %d, want 1 (refunded)", got.Remaining)
+			}
+		})
+	}
+}
+
+// TestClusterSameKeyIsOneCall: rules that limit the same key share a slot,
+// so the SMS case (1/min + 5/h + 10/day on one phone number) is one atomic
+// call in a cluster.
+func TestClusterSameKeyIsOneCall(t *testing.T) {
+	cluster := redistest.NewCluster(t)
+	client := cluster.Client(t)
+	rs := NewRedis(client, cluster.Prefix(t))
+	ctx := context.Background()
+	if err := rs.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var reqs []Request
+	for _, l := range []struct {
+		n int64
+		w time.Duration
+	}{{1, time.Minute}, {5, time.Hour}, {10, 24 * time.Hour}} {
+		r := mustRule(t, Spec{Name: fmt.Sprintf("sms-%d", l.n), Algorithm: SlidingWindowLog, Limit: l.n, Window: l.w})
+		reqs = append(reqs, Request{Rule: r, Key: "+15551234567"})
+	}
+	if groups := bySlot(reqs); len(groups) != 1 {
+		t.Fatalf("the SMS rules span %d slots, want 1", len(groups))
+	}
+	hook := &roundTrips{}
+	client.AddHook(hook)
+	res := make([]Result, 3)
+	for i := 0; i < 3; i++ {
+		ok, err := rs.Decide(ctx, reqs, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i == 0; ok != want {
+			t.Errorf("SMS %d admitted = %v, want %v", i+1, ok, want)
+		}
+	}
+	if got := hook.n.Load(); got != 3 {
+		t.Errorf("3 decisions sent %d commands, want 3", got)
+	}
+}
