@@ -157,8 +157,14 @@ func (e *RuleError) Unwrap() error { return e.Err }
 // ErrInvalid is wrapped by every RuleError and by Decide's request errors.
 var ErrInvalid = errors.New("invalid")
 
+// invalidError is a message that errors.Is reports as ErrInvalid.
+type invalidError string
+
+func (e invalidError) Error() string        { return string(e) }
+func (e invalidError) Is(target error) bool { return target == ErrInvalid }
+
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+	return invalidError(fmt.Sprintf(format, args...))
 }
 
 // NewRule validates s and returns the rule. Every problem is reported as a
@@ -168,7 +174,7 @@ func NewRule(s Spec) (*Rule, error) {
 	fail := func(field string, err error) {
 		errs = append(errs, &RuleError{Rule: s.Name, Field: field, Err: err})
 	}
-	if err := validName(s.Name); err != nil {
+	if err := ValidName(s.Name); err != nil {
 		fail("name", err)
 	}
 	if !s.Algorithm.valid() {
@@ -233,7 +239,8 @@ func NewRule(s Spec) (*Rule, error) {
 	return r, nil
 }
 
-func validName(name string) error {
+// ValidName checks a rule name: 1 to 64 of [a-z0-9_-].
+func ValidName(name string) error {
 	if name == "" {
 		return invalid("empty; want [a-z0-9_-]+")
 	}

@@ -1,0 +1,265 @@
+// Command authlimit is a rate limiter for a proxy's auth subrequests (nginx
+// auth_request, OpenResty, Traefik forwardAuth, Caddy forward_auth). It is
+// configured by AUTHLIMIT_* environment variables; see README.md.
+//
+//	authlimit           serve
+//	authlimit -check    validate the environment and print the configuration
+//	authlimit -version  print the version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/handler"
+)
+
+// version is set at build time: -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		var u usageError
+		if errors.As(err, &u) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// usageError is a mistake in the command line or the environment: exit 2.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// run is the whole program: it returns when ctx ends (after a graceful
+// shutdown) or when serving fails.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("authlimit", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	check := fs.Bool("check", false, "validate the environment, print the effective configuration and exit")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "authlimit", version)
+		return nil
+	}
+	s, err := loadConfig(envMap(environ))
+	if err != nil {
+		return usageError{fmt.Errorf("configuration:\n%s", indent(err.Error()))}
+	}
+	if *check {
+		fmt.Fprint(stdout, s.describe())
+		return nil
+	}
+
+	log := newLogger(s, stderr)
+	a, err := newApp(ctx, s, log)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+
+	var l net.Listener
+	if s.listenNetwork == "unix" {
+		_ = os.Remove(s.listenAddress) // a socket left by a previous run
+	}
+	l, err = net.Listen(s.listenNetwork, s.listenAddress)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.Listen, err)
+	}
+	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules))
+	if s.defaultRules {
+		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", handler.DefaultRules)
+	}
+	if s.redisOptions == nil {
+		log.Warn("AUTHLIMIT_REDIS_URL is not set: limits are kept in this instance's memory; replicas do not share them")
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- a.server.Serve(l) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "timeout", s.ShutdownTimeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+	defer cancel()
+	if err := a.server.ShutdownWithContext(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+// app is a configured authlimit: the handler, its server and its stores.
+type app struct {
+	handler *handler.Handler
+	server  *fasthttp.Server
+	closers []func() error
+}
+
+// newApp builds the stores, the handler and the server from settings.
+func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
+	a := &app{}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	opts := handler.Options{
+		Rules:             s.rules,
+		FailMode:          s.failMode,
+		LocalDivisor:      s.LocalDivisor,
+		Timeout:           s.RedisTimeout,
+		BreakerFailures:   s.BreakerFailures,
+		BreakerBackoff:    s.BreakerBackoff,
+		BreakerMaxBackoff: s.BreakerMaxBackoff,
+		DenyCacheSize:     s.DenyCacheSize,
+		TrustedProxies:    s.trusted,
+		AllowCIDRs:        s.allow,
+		BlockCIDRs:        s.block,
+		IPv4Prefix:        s.IPv4Prefix,
+		IPv6Prefix:        s.IPv6Prefix,
+		DenyStatus:        s.DenyStatus,
+		Shadow:            s.Shadow,
+		MethodHeader:      s.MethodHeader,
+		URIHeader:         s.URIHeader,
+		HostHeader:        s.HostHeader,
+		Registry:          reg,
+		Logger:            log,
+	}
+	if s.DenyCacheSize == 0 {
+		opts.DenyCacheSize = -1
+	}
+	if s.redisOptions == nil {
+		m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
+		a.closers = append(a.closers, m.Close)
+		opts.Store, opts.Ping = m, m
+	} else {
+		var client redis.UniversalClient
+		if s.redisPlain != nil {
+			client = redis.NewClient(s.redisPlain)
+		} else {
+			client = redis.NewUniversalClient(s.redisOptions)
+		}
+		a.closers = append(a.closers, client.Close)
+		rs := algo.NewRedis(client, s.KeyPrefix)
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := rs.Load(lctx); err != nil {
+			log.Warn("redis not reachable at start; deciding with the fail mode until it is", "err", err, "fail_mode", s.failMode.String())
+		}
+		cancel()
+		opts.Store, opts.Ping, opts.Remote = rs, pinger{client}, true
+		if s.failMode == handler.FailLocal {
+			m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
+			a.closers = append(a.closers, m.Close)
+			opts.Local = m
+		}
+	}
+	h, err := handler.New(opts)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.handler = h
+	a.server = &fasthttp.Server{
+		Handler:               h.Serve,
+		Name:                  "authlimit",
+		NoDefaultServerHeader: true,
+		ReadBufferSize:        s.MaxHeaderBytes,
+		MaxRequestBodySize:    64 << 10,
+		ReadTimeout:           10 * time.Second,
+		WriteTimeout:          10 * time.Second + algo.MaxDelay,
+		// Longer than the proxies' upstream keep-alive, so that authlimit
+		// never closes a connection a proxy is about to reuse.
+		IdleTimeout:  2 * time.Minute,
+		ErrorHandler: errorHandler,
+		Logger:       fasthttpLogger{log},
+	}
+	return a, nil
+}
+
+func (a *app) close() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		_ = a.closers[i]()
+	}
+}
+
+// errorHandler answers requests fasthttp could not read: headers larger
+// than AUTHLIMIT_MAX_HEADER_BYTES get 431, a body over 64 KiB 413, a
+// request that stalls 408, anything else malformed 400.
+func errorHandler(ctx *fasthttp.RequestCtx, err error) {
+	var status int
+	var sizeErr *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.As(err, &sizeErr):
+		status = fasthttp.StatusRequestHeaderFieldsTooLarge
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		status = fasthttp.StatusRequestEntityTooLarge
+	case isTimeout(err):
+		status = fasthttp.StatusRequestTimeout
+	default:
+		status = fasthttp.StatusBadRequest
+	}
+	ctx.Error(fasthttp.StatusMessage(status)+"\n", status)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+type pinger struct{ c redis.UniversalClient }
+
+func (p pinger) Ping(ctx context.Context) error { return p.c.Ping(ctx).Err() }
+
+// fasthttpLogger sends fasthttp's own messages to slog at debug level: they
+// are about single connections (a client that went away, say).
+type fasthttpLogger struct{ log *slog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
+
+func newLogger(s *settings, w io.Writer) *slog.Logger {
+	o := &slog.HandlerOptions{Level: s.logLevel}
+	if s.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, o))
+	}
+	return slog.New(slog.NewJSONHandler(w, o))
+}
+
+// envMap turns KEY=value pairs into a map.
+func envMap(environ []string) map[string]string {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func indent(s string) string {
+	return "  " + strings.ReplaceAll(s, "\n", "\n  ")
+}
