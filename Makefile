@@ -3,12 +3,22 @@
 
 GO       ?= go
 BIN      ?= bin/authlimit
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
+FUZZTIME ?= 30s
 
-.PHONY: build test lint bench fuzz clean
+.PHONY: build run test lint bench fuzz e2e clean
 
+# build makes the static binary the Dockerfile ships.
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/authlimit
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/authlimit
+
+# run starts authlimit on :8080 with the embedded store and the default rule
+# (100 requests per minute per client IP). Any AUTHLIMIT_* variable set in
+# the environment applies.
+run: build
+	./$(BIN)
 
 # lint fails on unformatted files and vet findings.
 lint:
@@ -22,8 +32,19 @@ test: lint
 	$(GO) test -race -shuffle=on -count=1 $(PKGS)
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'
 
+# e2e runs authlimit behind real nginx, OpenResty-style nginx, Caddy and
+# Traefik (see e2e/README.md for what it needs).
+e2e:
+	$(GO) test -tags e2e -count=1 -timeout 30m -v ./e2e/...
+
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# fuzz runs each fuzz target for FUZZTIME; new findings land in testdata.
+fuzz:
+	for f in FuzzParseRules FuzzClientIP FuzzNormalizePath; do \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./handler || exit 1; \
+	done
 
 clean:
 	rm -rf bin

@@ -250,6 +250,11 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	base.PoolTimeout = c.RedisTimeout
 	base.PoolSize = c.RedisPoolSize
 	base.ClientName = "authlimit"
+	// Within a budget of milliseconds, a refused dial should fail at once
+	// (the fail mode answers) and a stale pooled connection be retried
+	// once; go-redis's defaults retry for hundreds of milliseconds.
+	base.DialerRetries = 1
+	base.MaxRetries = 1
 	o := &redis.UniversalOptions{
 		Addrs:                 append([]string{base.Addr}, c.RedisAddrs...),
 		Username:              base.Username,
@@ -261,6 +266,8 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		DialTimeout:           base.DialTimeout,
 		PoolTimeout:           base.PoolTimeout,
 		ClientName:            base.ClientName,
+		DialerRetries:         base.DialerRetries,
+		MaxRetries:            base.MaxRetries,
 	}
 	display := redactURL(c.RedisURL)
 	switch c.RedisMode {

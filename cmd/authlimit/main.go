@@ -91,12 +91,6 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("listen on %s: %w", s.Listen, err)
 	}
 	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules))
-	if s.defaultRules {
-		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", handler.DefaultRules)
-	}
-	if s.redisOptions == nil {
-		log.Warn("AUTHLIMIT_REDIS_URL is not set: limits are kept in this instance's memory; replicas do not share them")
-	}
 
 	served := make(chan error, 1)
 	go func() { served <- a.server.Serve(l) }()
@@ -124,6 +118,14 @@ type app struct {
 // newApp builds the stores, the handler and the server from settings.
 func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a := &app{}
+	// go-redis logs through a process-wide logger; send it to ours.
+	redis.SetLogger(redisLogger{log})
+	if s.defaultRules {
+		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", handler.DefaultRules)
+	}
+	if s.redisOptions == nil {
+		log.Warn("AUTHLIMIT_REDIS_URL is not set: limits are kept in this instance's memory; replicas do not share them")
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := handler.Options{
@@ -186,10 +188,11 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		Handler:               h.Serve,
 		Name:                  "authlimit",
 		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
 		ReadBufferSize:        s.MaxHeaderBytes,
 		MaxRequestBodySize:    64 << 10,
 		ReadTimeout:           10 * time.Second,
-		WriteTimeout:          10 * time.Second + algo.MaxDelay,
+		WriteTimeout:          10*time.Second + algo.MaxDelay,
 		// Longer than the proxies' upstream keep-alive, so that authlimit
 		// never closes a connection a proxy is about to reuse.
 		IdleTimeout:  2 * time.Minute,
@@ -239,6 +242,14 @@ type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
+
+// redisLogger sends go-redis's messages (reconnects, failovers) to slog at
+// debug level: the circuit breaker and metrics report store trouble.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, args ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, args...), "component", "go-redis")
 }
 
 func newLogger(s *settings, w io.Writer) *slog.Logger {

@@ -185,8 +185,10 @@ type process struct {
 	done  chan struct{}
 }
 
-func startProcess(path string, port int, dir string, extra []string) (*process, error) {
-	args := append([]string{
+// startProcess runs redis-server; a config file, when given, comes first
+// on its command line, as redis-server requires.
+func startProcess(path string, port int, dir string, extra []string, config ...string) (*process, error) {
+	args := append(config, []string{
 		"--bind", "127.0.0.1",
 		"--port", strconv.Itoa(port),
 		"--save", "",
@@ -194,7 +196,8 @@ func startProcess(path string, port int, dir string, extra []string) (*process, 
 		"--dir", dir,
 		"--daemonize", "no",
 		"--logfile", filepath.Join(dir, "redis.log"),
-	}, extra...)
+	}...)
+	args = append(args, extra...)
 	cmd := exec.Command(path, args...)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", path, err)
@@ -401,4 +404,36 @@ func (c *Cluster) Prefix(t testing.TB) string {
 		})
 	}
 	return prefix
+}
+
+// StartSentinel starts a Redis Sentinel on a free loopback port that
+// monitors master under the name given, and stops it when t ends.
+func StartSentinel(t testing.TB, master *Server, name string) *Server {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redistest: no redis-server on PATH for a sentinel (Debian: apt-get install redis-server)")
+	}
+	host, port, _ := net.SplitHostPort(master.Addr)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	body := fmt.Sprintf("sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 5000\n", name, host, port, name)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 0; attempt < 5; attempt++ {
+		p, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		proc, err := startProcess(path, p, dir, []string{"--sentinel"}, conf)
+		if err != nil {
+			continue
+		}
+		t.Cleanup(proc.stop)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+		return &Server{URL: "redis://" + addr, Addr: addr, Owned: true, proc: proc}
+	}
+	t.Fatalf("redistest: sentinel did not start")
+	return nil
 }

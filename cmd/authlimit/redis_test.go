@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/authlimit/authlimit/internal/redistest"
+)
+
+// ownRedis starts a redis-server the test may stop and restart.
+func ownRedis(t *testing.T) *redistest.Server {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("this test stops and restarts Redis: it needs redis-server on PATH (Debian: apt-get install redis-server)")
+	}
+	srv, err := redistest.Start(t, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+func redisEnv(srv *redistest.Server, prefix string, kv ...string) map[string]string {
+	return with(map[string]string{
+		"AUTHLIMIT_REDIS_URL":       srv.URL,
+		"AUTHLIMIT_KEY_PREFIX":      prefix,
+		"AUTHLIMIT_REDIS_TIMEOUT":   "100ms",
+		"AUTHLIMIT_BREAKER_BACKOFF": "100ms",
+	}, kv...)
+}
+
+func metric(t *testing.T, app *testApp, name string) float64 {
+	t.Helper()
+	body := app.do(t, request{path: "/metrics"}).body
+	for _, line := range strings.Split(body, "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(rest, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", line, err)
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// TestReplicasShareOneLimit: two authlimit instances on one Redis enforce
+// one limit.
+func TestReplicasShareOneLimit(t *testing.T) {
+	srv := redistest.New(t)
+	env := redisEnv(srv, srv.Prefix(t), "AUTHLIMIT_RULES", "name=shared limit=4/1m algorithm=sliding_window_log")
+	a, b := startApp(t, env), startApp(t, env)
+	admitted := 0
+	for i := 0; i < 10; i++ {
+		app := a
+		if i%2 == 1 {
+			app = b
+		}
+		if app.do(t, authFrom("203.0.113.7")).status == 200 {
+			admitted++
+		}
+	}
+	if admitted != 4 {
+		t.Errorf("two replicas admitted %d of 10, want 4", admitted)
+	}
+}
+
+// TestFailModes stops Redis and checks what each fail mode answers.
+func TestFailModes(t *testing.T) {
+	tests := []struct {
+		mode       string
+		wantStatus []int // for successive requests from one client
+		ready      int
+	}{
+		{"open", []int{200, 200, 200, 200}, 200},
+		{"closed", []int{503, 503, 503, 503}, 503},
+		// limit 4 divided by AUTHLIMIT_LOCAL_DIVISOR 2: 2 per replica.
+		{"local", []int{200, 200, 429, 429}, 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.mode, func(t *testing.T) {
+			srv := ownRedis(t)
+			app := startApp(t, redisEnv(srv, "fail", "AUTHLIMIT_RULES", "name=r limit=4/1m", "AUTHLIMIT_FAIL_MODE", tc.mode, "AUTHLIMIT_LOCAL_DIVISOR", "2"))
+			wantStatus(t, app.do(t, authFrom("203.0.113.7")), 200, "with Redis up")
+			srv.Stop(t)
+			for i, want := range tc.wantStatus {
+				r := app.do(t, authFrom("203.0.113.8"))
+				wantStatus(t, r, want, "Redis down, request "+strconv.Itoa(i+1))
+				if want == 503 {
+					if p := r.problem(t); p.Type != "urn:authlimit:unavailable" {
+						t.Errorf("problem type %q", p.Type)
+					}
+				}
+				if tc.mode == "local" && want == 200 && r.header("X-RateLimit-Limit") != "2" {
+					t.Errorf("local decision: X-RateLimit-Limit = %q, want 2 (4 divided by 2)", r.header("X-RateLimit-Limit"))
+				}
+			}
+			if r := app.do(t, request{path: "/readyz"}); r.status != tc.ready {
+				t.Errorf("/readyz with Redis down = %d %q, want %d", r.status, r.body, tc.ready)
+			}
+			// Each request was decided by the fail mode, or, once the
+			// local store denied, by the deny cache.
+			decided := metric(t, app, `authlimit_fail_mode_decisions_total{mode="`+tc.mode+`"}`) + metric(t, app, "authlimit_deny_cache_hits_total")
+			if decided != float64(len(tc.wantStatus)) {
+				t.Errorf("fail-mode and deny-cache decisions %v, want %d", decided, len(tc.wantStatus))
+			}
+		})
+	}
+}
+
+// TestBudgetHoldsWhenRedisStalls pauses Redis (it accepts, never answers):
+// every decision returns within the budget, decided by the fail mode.
+func TestBudgetHoldsWhenRedisStalls(t *testing.T) {
+	srv := ownRedis(t)
+	app := startApp(t, redisEnv(srv, "stall", "AUTHLIMIT_RULES", "name=r limit=100/1m", "AUTHLIMIT_BREAKER_FAILURES", "1000"))
+	wantStatus(t, app.do(t, authFrom("203.0.113.7")), 200, "with Redis up")
+	admin := srv.Client(t)
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i := 0; i < 5; i++ {
+		r := app.do(t, authFrom("203.0.113.7"))
+		wantStatus(t, r, 200, "Redis paused: decided locally")
+		if r.header("X-RateLimit-Limit") != "100" {
+			t.Errorf("local answer headers: %v", r.headers)
+		}
+	}
+	if elapsed := time.Since(start); elapsed > 2*time.Second {
+		t.Errorf("5 decisions with a 100ms budget took %v while Redis was paused for 3s", elapsed)
+	}
+	if got := metric(t, app, `authlimit_store_errors_total{kind="timeout"}`); got < 5 {
+		t.Errorf("timeouts counted %v, want 5", got)
+	}
+}
+
+// TestCircuitBreaker: consecutive failures open the circuit (Redis is not
+// called), a probe after the backoff closes it once Redis is back. Each
+// change is logged once and counted.
+func TestCircuitBreaker(t *testing.T) {
+	srv := ownRedis(t)
+	app := startApp(t, redisEnv(srv, "breaker", "AUTHLIMIT_RULES", "name=r limit=100/1m", "AUTHLIMIT_BREAKER_FAILURES", "3"))
+	wantStatus(t, app.do(t, authFrom("203.0.113.7")), 200, "with Redis up")
+	srv.Stop(t)
+	for i := 0; i < 10; i++ {
+		wantStatus(t, app.do(t, authFrom("203.0.113.7")), 200, "Redis down, fail mode local")
+	}
+	if got := metric(t, app, "authlimit_circuit_state"); got != 2 {
+		t.Errorf("circuit state %v after 10 failures, want 2 (open)", got)
+	}
+	if got := metric(t, app, `authlimit_store_errors_total{kind="error"}`); got != 3 {
+		t.Errorf("store errors %v, want 3: the open circuit stops calling Redis", got)
+	}
+	srv.Restart(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for metric(t, app, "authlimit_circuit_state") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("circuit did not close after Redis came back")
+		}
+		time.Sleep(50 * time.Millisecond)
+		app.do(t, authFrom("203.0.113.7"))
+	}
+	logs := app.logs.String()
+	if n := strings.Count(logs, "store circuit open"); n != 1 {
+		t.Errorf("circuit open logged %d times, want once:\n%s", n, logs)
+	}
+	if n := strings.Count(logs, "store circuit closed"); n != 1 {
+		t.Errorf("circuit closed logged %d times, want once:\n%s", n, logs)
+	}
+	if got := metric(t, app, `authlimit_circuit_transitions_total{state="open"}`); got != 1 {
+		t.Errorf("transitions to open: %v, want 1", got)
+	}
+}
+
+// TestDenyCacheKeepsFloodsOffRedis: once a client is denied, its requests
+// are denied locally until Retry-After passes; Redis sees none of them.
+func TestDenyCacheKeepsFloodsOffRedis(t *testing.T) {
+	srv := ownRedis(t)
+	app := startApp(t, redisEnv(srv, "flood", "AUTHLIMIT_RULES", "name=r limit=2/1m algorithm=fixed_window"))
+	admin := srv.Client(t)
+	evalsha := func() int64 {
+		info, err := admin.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	for i := 0; i < 3; i++ {
+		app.do(t, authFrom("203.0.113.7"))
+	}
+	before := evalsha()
+	for i := 0; i < 20; i++ {
+		r := app.do(t, authFrom("203.0.113.7"))
+		wantStatus(t, r, 429, "flood")
+		if r.header("Retry-After") == "" || r.header("X-RateLimit-Remaining") != "0" {
+			t.Errorf("cached denial lacks headers: %v", r.headers)
+		}
+	}
+	if got := evalsha() - before; got != 0 {
+		t.Errorf("20 denied requests reached Redis %d times, want 0", got)
+	}
+	if got := metric(t, app, "authlimit_deny_cache_hits_total"); got != 20 {
+		t.Errorf("deny cache hits %v, want 20", got)
+	}
+	// Another client is not affected.
+	wantStatus(t, app.do(t, authFrom("203.0.113.8")), 200, "another client")
+}
+
+func TestClusterMode(t *testing.T) {
+	cluster := redistest.NewCluster(t)
+	app := startApp(t, map[string]string{
+		"AUTHLIMIT_REDIS_MODE":    "cluster",
+		"AUTHLIMIT_REDIS_URL":     "redis://" + cluster.Addrs[0],
+		"AUTHLIMIT_REDIS_ADDRS":   strings.Join(cluster.Addrs[1:], ","),
+		"AUTHLIMIT_KEY_PREFIX":    cluster.Prefix(t),
+		"AUTHLIMIT_RULES":         "name=per-ip limit=2/1m; name=global key=global limit=5/1m",
+		"AUTHLIMIT_REDIS_TIMEOUT": "1s",
+	})
+	var got []int
+	for _, ip := range []string{"203.0.113.1", "203.0.113.1", "203.0.113.1", "203.0.113.2", "203.0.113.3", "203.0.113.3", "203.0.113.4"} {
+		got = append(got, app.do(t, authFrom(ip)).status)
+	}
+	// The third request from .1 is denied by per-ip and consumes nothing
+	// globally; the global cap of 5 stops .4.
+	want := []int{200, 200, 429, 200, 200, 200, 429}
+	if !slices.Equal(got, want) {
+		t.Errorf("statuses %v, want %v", got, want)
+	}
+}
+
+func TestSentinelMode(t *testing.T) {
+	master := ownRedis(t)
+	sentinel := redistest.StartSentinel(t, master, "authlimit-master")
+	// Wait until the sentinel knows the master.
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr})
+	defer sc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if addr, err := sc.GetMasterAddrByName(context.Background(), "authlimit-master").Result(); err == nil && len(addr) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sentinel does not know the master")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	app := startApp(t, map[string]string{
+		"AUTHLIMIT_REDIS_MODE":    "sentinel",
+		"AUTHLIMIT_REDIS_URL":     sentinel.URL,
+		"AUTHLIMIT_REDIS_MASTER":  "authlimit-master",
+		"AUTHLIMIT_KEY_PREFIX":    "sentinel-test",
+		"AUTHLIMIT_RULES":         "name=r limit=2/1m",
+		"AUTHLIMIT_REDIS_TIMEOUT": "1s",
+		"AUTHLIMIT_FAIL_MODE":     "closed",
+	})
+	for i, want := range []int{200, 200, 429} {
+		wantStatus(t, app.do(t, authFrom("203.0.113.7")), want, "request "+strconv.Itoa(i+1))
+	}
+	keys, err := master.Client(t).Keys(context.Background(), "sentinel-test:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Errorf("the master holds no authlimit keys (%v, %v): decisions did not go through the sentinel's master", keys, err)
+	}
+}

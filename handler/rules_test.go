@@ -1,0 +1,143 @@
+package handler
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/authlimit/authlimit/algo"
+)
+
+func TestParseRulesReadsEveryField(t *testing.T) {
+	rules, err := ParseRules(`
+# per client, then stricter on login
+name=per-ip key=ip limit=100/1m
+name=login key=ip+header:X-Api-Key limit=5/1m algorithm=gcra burst=2 method=post,PUT host=*.example.com path=/login on_missing=deny
+name=upload key=header:X-User-Id limit=1048576/1h algorithm=token_bucket cost=header:Content-Length path=~^/upload/[0-9]+$ shadow=true;name=smooth key=global limit=10/s algorithm=leaky_bucket burst=1 delay=500ms; name=sms-day key=header:X-Phone limit=10/1d algorithm=sliding_window_log cost=2
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(rules), 5; got != want {
+		t.Fatalf("%d rules, want %d", got, want)
+	}
+	login := rules[1]
+	spec := login.Limit.Spec()
+	if login.Name != "login" || spec.Algorithm != algo.GCRA || spec.Limit != 5 || spec.Window != time.Minute || spec.Burst != 2 {
+		t.Errorf("login = %s", login)
+	}
+	if got := []string{login.Key[0].String(), login.Key[1].String()}; got[0] != "ip" || got[1] != "header:X-Api-Key" {
+		t.Errorf("login key = %v", got)
+	}
+	if strings.Join(login.Methods, ",") != "POST,PUT" || login.Host != "*.example.com" || login.PathPrefix != "/login" || !login.DenyOnMissing {
+		t.Errorf("login matchers = %+v", login)
+	}
+	upload := rules[2]
+	if upload.CostHeader != "Content-Length" || upload.PathRegexp == nil || !upload.Shadow || !upload.PathRegexp.MatchString("/upload/42") {
+		t.Errorf("upload = %s", upload)
+	}
+	smooth := rules[3].Limit.Spec()
+	if smooth.Window != time.Second || smooth.Delay != 500*time.Millisecond || rules[3].Key[0].Kind != PartGlobal {
+		t.Errorf("smooth = %s", rules[3])
+	}
+	if got := rules[4].Limit.Spec(); got.Window != 24*time.Hour || got.Cost != 2 {
+		t.Errorf("sms-day = %s", rules[4])
+	}
+	if got := rules[0].Limit.Spec().Algorithm; got != algo.SlidingWindowCounter {
+		t.Errorf("default algorithm = %v, want sliding_window_counter", got)
+	}
+}
+
+// TestRuleStringRoundTrips: what -check prints parses back to the same rule.
+func TestRuleStringRoundTrips(t *testing.T) {
+	src := "name=a key=ip+header:X-Key limit=3/500ms algorithm=token_bucket burst=7 cost=header:X-Cost method=GET host=api.example.com path=/v1 on_missing=deny shadow=true; " +
+		"name=b key=path limit=5/90m algorithm=leaky_bucket burst=2 delay=250ms cost=3 path=~^/x$; name=c key=global limit=1/1d"
+	rules, err := ParseRules(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		again, err := ParseRules(r.String())
+		if err != nil {
+			t.Fatalf("ParseRules(%q): %v", r.String(), err)
+		}
+		if got := again[0].String(); got != r.String() {
+			t.Errorf("round trip:\n got %s\nwant %s", got, r.String())
+		}
+	}
+}
+
+func TestParseRulesErrorsNameRuleAndField(t *testing.T) {
+	tests := []struct {
+		src  string
+		want []string
+	}{
+		{`name=login limit=5/x`, []string{`rule 1 "login": limit "5/x": unknown unit "x"`}},
+		{`name=a limit=1/1m; name=login limit=5/x`, []string{`rule 2 "login": limit "5/x": unknown unit "x"`}},
+		{`limit=5/1m`, []string{`rule 1: name: missing`}},
+		{`name=a`, []string{`rule 1 "a": limit: missing`}},
+		{`name=Login limit=1/1m`, []string{`rule 1 "Login": name "Login"`}},
+		{`name=a limit=0/1m`, []string{`limit "0/1m": 0 is not positive`}},
+		{`name=a limit=10`, []string{`limit "10": want <N>/<duration>`}},
+		{`name=a limit=10/`, []string{`limit "10/": empty duration`}},
+		{`name=a limit=10/100`, []string{`limit "10/100": missing unit`}},
+		{`name=a limit=abc/1m`, []string{`"abc" is not a whole number`}},
+		{`name=a limit=10/1ns`, []string{`limit "10/1ns": 1ns is shorter than the minimum 1ms`}},
+		{`name=a limit=10/3650d`, []string{`limit "10/3650d"`, "longer than the maximum"}},
+		{`name=a limit=4611686018427387904/1m`, []string{"above the maximum"}},
+		{`name=a limit=1/1m algorithm=leaky`, []string{`algorithm "leaky": unknown algorithm "leaky"`}},
+		{`name=a limit=1/1m burst=3`, []string{`burst "3": sliding_window_counter has no burst`}},
+		{`name=a limit=1/1m algorithm=gcra delay=1s`, []string{`delay "1s": gcra cannot delay`}},
+		{`name=a limit=1/1m cost=0`, []string{`cost "0": 0 is not positive`}},
+		{`name=a limit=1/1m cost=header:`, []string{`cost "header:": empty header name`}},
+		{`name=a limit=1/1m key=ip+cookie`, []string{`key "ip+cookie": unknown part "cookie"`}},
+		{`name=a limit=1/1m key=ip+ip`, []string{`part "ip" given twice`}},
+		{`name=a limit=1/1m key=global+ip`, []string{"cannot be combined"}},
+		{`name=a limit=1/1m key=header:Bad(Name)`, []string{`contains '('`}},
+		{`name=a limit=1/1m path=login`, []string{`path "login": want a prefix starting with "/"`}},
+		{`name=a limit=1/1m path=~[`, []string{`path "~[": error parsing regexp`}},
+		{`name=a limit=1/1m on_missing=maybe`, []string{`on_missing "maybe": want skip or deny`}},
+		{`name=a limit=1/1m shadow=yesplease`, []string{`shadow "yesplease": want true or false`}},
+		{`name=a limit=1/1m colour=blue`, []string{`colour: unknown field`}},
+		{`name=a limit=1/1m limit=2/1m`, []string{`limit: given twice`}},
+		{`name=a limit=1/1m oops`, []string{`"oops" is not field=value`}},
+		{`name=a limit=1/1m method=GE T`, []string{`"T" is not field=value`}},
+		{`name=a limit=1/1m host=bad/host`, []string{`host "bad/host"`}},
+		{`name=a limit=1/1m; name=a limit=2/1m`, []string{`rule 2 "a": name: already used by rule 1`}},
+		{``, []string{"no rules"}},
+		{`# only a comment`, []string{"no rules"}},
+		{`name=a limit=1/1m algorithm=gcra key=global; name=b limit=1000000/1s algorithm=gcra`, []string{`rule 2 "b": limit "1000000/1s": 1000000 per 1s is faster than gcra can count`}},
+		{`name=x limit=0/0s burst=-1 algorithm=nope`, []string{`limit "0/0s"`, `burst "-1"`, `algorithm "nope"`}},
+	}
+	for _, tc := range tests {
+		_, err := ParseRules(tc.src)
+		if err == nil {
+			t.Errorf("ParseRules(%q) succeeded, want an error", tc.src)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("ParseRules(%q) error:\n%v\ndoes not say %q", tc.src, err, w)
+			}
+		}
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+	}{
+		{"1m", time.Minute}, {"m", time.Minute}, {"s", time.Second}, {"500ms", 500 * time.Millisecond},
+		{"24h", 24 * time.Hour}, {"7d", 7 * 24 * time.Hour}, {"1h30m", 90 * time.Minute}, {"1.5s", 1500 * time.Millisecond},
+	}
+	for _, tc := range tests {
+		got, err := parseDuration(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("parseDuration(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	if _, err := parseDuration("99999999999999999d"); err == nil {
+		t.Error("parseDuration of an overflowing duration succeeded")
+	}
+}
