@@ -25,6 +25,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags e2e ./e2e/...
 
 # test runs every unit and integration test against real Redis, with the race
 # detector, then prints the sliding_window_counter accuracy report.
@@ -32,8 +33,8 @@ test: lint
 	$(GO) test -race -shuffle=on -count=1 $(PKGS)
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'
 
-# e2e runs authlimit behind real nginx, OpenResty-style nginx, Caddy and
-# Traefik (see e2e/README.md for what it needs).
+# e2e runs authlimit behind real nginx, nginx with Lua, Caddy and Traefik
+# (see e2e/README.md for what it needs; the first run builds Traefik).
 e2e:
 	$(GO) test -tags e2e -count=1 -timeout 30m -v ./e2e/...
 

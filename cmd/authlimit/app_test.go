@@ -601,3 +601,30 @@ func errorsAs(err error, target *usageError) bool {
 	}
 	return ok
 }
+
+// TestHealthcheckFlag runs authlimit for real on a loopback port and asks it
+// with -healthcheck, as the container's health check does.
+func TestHealthcheckFlag(t *testing.T) {
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	environ := []string{"AUTHLIMIT_LISTEN=127.0.0.1:" + strconv.Itoa(port)}
+	if err := run(context.Background(), []string{"-healthcheck"}, environ, io.Discard, io.Discard); err == nil {
+		t.Fatal("-healthcheck succeeded with nothing listening")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- run(ctx, nil, environ, io.Discard, io.Discard) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for run(context.Background(), []string{"-healthcheck"}, environ, io.Discard, io.Discard) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("-healthcheck never succeeded against a running authlimit")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-served; err != nil {
+		t.Errorf("run after shutdown: %v", err)
+	}
+}

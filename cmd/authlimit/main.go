@@ -2,9 +2,10 @@
 // auth_request, OpenResty, Traefik forwardAuth, Caddy forward_auth). It is
 // configured by AUTHLIMIT_* environment variables; see README.md.
 //
-//	authlimit           serve
-//	authlimit -check    validate the environment and print the configuration
-//	authlimit -version  print the version
+//	authlimit              serve
+//	authlimit -check       validate the environment and print the configuration
+//	authlimit -healthcheck ask a running authlimit's /healthz (for container health checks)
+//	authlimit -version     print the version
 package main
 
 import (
@@ -59,6 +60,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	fs.SetOutput(stderr)
 	check := fs.Bool("check", false, "validate the environment, print the effective configuration and exit")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	health := fs.Bool("healthcheck", false, "ask the authlimit serving on AUTHLIMIT_LISTEN for /healthz; exit 0 if it answers 200")
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
@@ -73,6 +75,9 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if *check {
 		fmt.Fprint(stdout, s.describe())
 		return nil
+	}
+	if *health {
+		return healthcheck(s)
 	}
 
 	log := newLogger(s, stderr)
@@ -230,6 +235,28 @@ func errorHandler(ctx *fasthttp.RequestCtx, err error) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// healthcheck asks the local authlimit's /healthz, over the address it
+// listens on, with the loopback address for an unspecified host.
+func healthcheck(s *settings) error {
+	network, addr := s.listenNetwork, s.listenAddress
+	if network == "tcp" {
+		host, port, _ := net.SplitHostPort(addr)
+		if host == "" || host == "0.0.0.0" || host == "::" {
+			host = "127.0.0.1"
+		}
+		addr = net.JoinHostPort(host, port)
+	}
+	c := &fasthttp.Client{Dial: func(string) (net.Conn, error) { return net.DialTimeout(network, addr, 2*time.Second) }}
+	status, body, err := c.GetTimeout(nil, "http://authlimit/healthz", 2*time.Second)
+	if err != nil {
+		return fmt.Errorf("healthcheck %s: %w", addr, err)
+	}
+	if status != fasthttp.StatusOK {
+		return fmt.Errorf("healthcheck %s: %d %s", addr, status, body)
+	}
+	return nil
 }
 
 type pinger struct{ c redis.UniversalClient }

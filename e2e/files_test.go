@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// These tests check the deployment files that cannot run here (no Docker
+// engine, no Kubernetes): what authlimit would be given is a configuration
+// it accepts, and the pieces refer to each other correctly. The proxies'
+// files themselves run for real in the e2e suite (make e2e).
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
+func readRepo(t *testing.T, rel string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// check runs `authlimit -check` with env and returns its output.
+func check(t *testing.T, env map[string]string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "authlimit")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/authlimit")
+	build.Dir = repoRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "-check")
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("authlimit -check rejects %v:\n%s", env, out)
+	}
+	return string(out)
+}
+
+func TestComposeFile(t *testing.T) {
+	var compose struct {
+		Services map[string]struct {
+			Build       string            `yaml:"build"`
+			Image       string            `yaml:"image"`
+			Environment map[string]string `yaml:"environment"`
+			Ports       []string          `yaml:"ports"`
+			Volumes     []string          `yaml:"volumes"`
+			DependsOn   []string          `yaml:"depends_on"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(readRepo(t, "docker-compose.yml"), &compose); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	for _, name := range []string{"redis", "authlimit", "backend", "nginx"} {
+		if _, ok := compose.Services[name]; !ok {
+			t.Fatalf("docker-compose.yml has no %s service", name)
+		}
+	}
+	a := compose.Services["authlimit"]
+	if a.Build != "." {
+		t.Errorf("authlimit is not built from the Dockerfile: build %q", a.Build)
+	}
+	out := check(t, a.Environment)
+	if !strings.Contains(out, "deny status      403") || !strings.Contains(out, "redis standalone redis://redis:6379") {
+		t.Errorf("compose's authlimit configuration is not nginx's (403, Redis):\n%s", out)
+	}
+	n := compose.Services["nginx"]
+	if len(n.Volumes) != 1 || !strings.HasPrefix(n.Volumes[0], "./nginx/example.conf:/etc/nginx/conf.d/") {
+		t.Errorf("nginx does not use nginx/example.conf: %v", n.Volumes)
+	}
+	if len(n.Ports) != 1 || n.Ports[0] != "8080:8080" {
+		t.Errorf("nginx ports %v, want 8080:8080 (README: curl localhost:8080/)", n.Ports)
+	}
+	// nginx/example.conf's upstreams are the compose service names.
+	conf := string(readRepo(t, "nginx/example.conf"))
+	for _, want := range []string{"server authlimit:8080;", "server backend:80;", "listen 8080;"} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("nginx/example.conf lacks %q, which docker-compose.yml relies on", want)
+		}
+	}
+}
+
+func TestDockerfileBuildsLikeCI(t *testing.T) {
+	df := string(readRepo(t, "Dockerfile"))
+	for _, want := range []string{
+		"RUN make build",                         // the Makefile's build, which make e2e tests
+		"FROM gcr.io/distroless/static-debian12", // small final image
+		"USER nonroot",                           // non-root
+		`HEALTHCHECK`, `"-healthcheck"`,          // a health check the binary answers
+	} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+	mk := string(readRepo(t, "Makefile"))
+	if !strings.Contains(mk, "CGO_ENABLED=0 $(GO) build") {
+		t.Error("make build does not build a static (CGO_ENABLED=0) binary, which the distroless image needs")
+	}
+}
+
+func TestKubernetesDeploymentConfig(t *testing.T) {
+	dec := yaml.NewDecoder(strings.NewReader(string(readRepo(t, "deploy/kubernetes/authlimit.yaml"))))
+	found := false
+	for {
+		var doc struct {
+			Kind string `yaml:"kind"`
+			Spec struct {
+				Template struct {
+					Spec struct {
+						Containers []struct {
+							Name string `yaml:"name"`
+							Env  []struct {
+								Name  string `yaml:"name"`
+								Value string `yaml:"value"`
+							} `yaml:"env"`
+							LivenessProbe struct {
+								HTTPGet struct{ Path string } `yaml:"httpGet"`
+							} `yaml:"livenessProbe"`
+							ReadinessProbe struct {
+								HTTPGet struct{ Path string } `yaml:"httpGet"`
+							} `yaml:"readinessProbe"`
+						} `yaml:"containers"`
+					} `yaml:"spec"`
+				} `yaml:"template"`
+			} `yaml:"spec"`
+		}
+		if err := dec.Decode(&doc); err != nil {
+			break
+		}
+		for _, c := range doc.Spec.Template.Spec.Containers {
+			if doc.Kind != "Deployment" || c.Name != "authlimit" {
+				continue
+			}
+			found = true
+			env := map[string]string{}
+			for _, e := range c.Env {
+				env[e.Name] = e.Value
+			}
+			out := check(t, env)
+			if !strings.Contains(out, "deny status      403") {
+				t.Errorf("the ingress-nginx deployment must deny with 403:\n%s", out)
+			}
+			if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+				t.Errorf("probes %q and %q, want /healthz and /readyz", c.LivenessProbe.HTTPGet.Path, c.ReadinessProbe.HTTPGet.Path)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("deploy/kubernetes/authlimit.yaml has no authlimit Deployment")
+	}
+}

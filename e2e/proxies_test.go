@@ -1,0 +1,165 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// proxy is one way users put authlimit behind a proxy: the shipped file,
+// started for real, and what it is documented to do.
+type proxy struct {
+	name string
+	// denyStatus is the AUTHLIMIT_DENY_STATUS the setup needs ("" keeps 429).
+	denyStatus string
+	// relaysOnAllowed: the rate-limit headers reach the client on allowed
+	// responses too (not with Traefik).
+	relaysOnAllowed bool
+	// authlimitDown is the status a client gets when authlimit is not
+	// reachable; closed is the status when authlimit answers 503 (fail
+	// mode closed with Redis down).
+	authlimitDown, closed int
+	// start runs the proxy in front of authlimit and backend and returns
+	// its address. variant selects a documented alternative ("" or
+	// "failopen").
+	start func(t *testing.T, authlimit, backend, variant string) string
+}
+
+var proxies = []proxy{
+	{name: "nginx", denyStatus: "403", relaysOnAllowed: true, authlimitDown: 500, closed: 500, start: startNginx(false)},
+	{name: "openresty", relaysOnAllowed: true, authlimitDown: 503, closed: 503, start: startNginx(true)},
+	{name: "caddy", relaysOnAllowed: true, authlimitDown: 502, closed: 503, start: startCaddy},
+	{name: "traefik", relaysOnAllowed: false, authlimitDown: 500, closed: 503, start: startTraefik},
+}
+
+// startNginx runs nginx with nginx/example.conf (auth_request) or
+// nginx/openresty.conf (Lua), included in a minimal nginx.conf as a user
+// would include it in theirs.
+func startNginx(lua bool) func(t *testing.T, authlimit, backend, variant string) string {
+	return func(t *testing.T, authlimit, backend, variant string) string {
+		t.Helper()
+		dir := t.TempDir()
+		addr := freeAddr(t)
+		file := "nginx/example.conf"
+		if lua {
+			file = "nginx/openresty.conf"
+		}
+		site := render(t, file,
+			"server authlimit:8080;", "server "+authlimit+";",
+			"server backend:80;", "server "+backend+";",
+			"listen 8080;", "listen "+addr+";")
+		switch {
+		case variant == "failopen" && lua:
+			site = render2(t, site, "set $authlimit_unreachable closed;", "set $authlimit_unreachable open;")
+		case variant == "failopen":
+			if !strings.Contains(site, "#failopen ") {
+				t.Fatal("nginx/example.conf has no #failopen lines")
+			}
+			site = strings.ReplaceAll(site, "#failopen ", "")
+		}
+		writeFile(t, filepath.Join(dir, "site.conf"), site)
+		var main strings.Builder
+		if os.Geteuid() == 0 {
+			main.WriteString("user root;\n") // workers must write the test's temp dirs
+		}
+		if lua {
+			main.WriteString("load_module /usr/lib/nginx/modules/ndk_http_module.so;\n")
+			main.WriteString("load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n")
+		}
+		fmt.Fprintf(&main, `daemon off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log info;
+events { worker_connections 1024; }
+http {
+    access_log %[1]s/access.log;
+    client_body_temp_path %[1]s/body;
+    proxy_temp_path %[1]s/proxy;
+    fastcgi_temp_path %[1]s/fastcgi;
+    uwsgi_temp_path %[1]s/uwsgi;
+    scgi_temp_path %[1]s/scgi;
+    include %[1]s/site.conf;
+}
+`, dir)
+		writeFile(t, filepath.Join(dir, "nginx.conf"), main.String())
+		name := "nginx"
+		if lua {
+			name = "openresty"
+		}
+		p := start(t, name, bins.nginx, []string{"-p", dir, "-e", filepath.Join(dir, "startup.log"), "-c", filepath.Join(dir, "nginx.conf")}, nil, dir)
+		waitProxy(t, p, addr, filepath.Join(dir, "error.log"))
+		return addr
+	}
+}
+
+func render2(t *testing.T, s, old, new string) string {
+	t.Helper()
+	if strings.Count(s, old) != 1 {
+		t.Fatalf("%q occurs %d times, want once", old, strings.Count(s, old))
+	}
+	return strings.Replace(s, old, new, 1)
+}
+
+// startCaddy runs caddy with caddy/Caddyfile.
+func startCaddy(t *testing.T, authlimit, backend, _ string) string {
+	t.Helper()
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	_, port, _ := strings.Cut(addr, ":")
+	conf := render(t, "caddy/Caddyfile",
+		"forward_auth 127.0.0.1:8080 {", "forward_auth "+authlimit+" {",
+		"reverse_proxy 127.0.0.1:9000", "reverse_proxy "+backend,
+		":8000 {", ":"+port+" {")
+	writeFile(t, filepath.Join(dir, "Caddyfile"), conf)
+	env := []string{"HOME=" + dir, "XDG_CONFIG_HOME=" + dir, "XDG_DATA_HOME=" + dir, "PATH=" + os.Getenv("PATH")}
+	p := start(t, "caddy", bins.caddy, []string{"run", "--config", filepath.Join(dir, "Caddyfile"), "--adapter", "caddyfile"}, env, dir)
+	waitProxy(t, p, addr, "")
+	return addr
+}
+
+// startTraefik runs Traefik with traefik/traefik.yml and traefik/dynamic.yml.
+func startTraefik(t *testing.T, authlimit, backend, _ string) string {
+	t.Helper()
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	dynamic := filepath.Join(dir, "dynamic.yml")
+	writeFile(t, dynamic, render(t, "traefik/dynamic.yml",
+		"address: http://127.0.0.1:8080/auth", "address: http://"+authlimit+"/auth",
+		"url: http://127.0.0.1:9000", "url: http://"+backend))
+	static := filepath.Join(dir, "traefik.yml")
+	writeFile(t, static, render(t, "traefik/traefik.yml",
+		"address: 127.0.0.1:8000", "address: "+addr,
+		"filename: /etc/traefik/dynamic.yml", "filename: "+dynamic))
+	p := start(t, "traefik", bins.traefik, []string{"--configFile=" + static}, []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}, dir)
+	waitProxy(t, p, addr, "")
+	return addr
+}
+
+// waitProxy waits until the proxy answers through authlimit: any status
+// but 404, which Traefik gives before it has loaded its routes. The probe
+// comes from a client address no test uses, on a path no test counts.
+func waitProxy(t *testing.T, p *proc, addr, errorLog string) {
+	t.Helper()
+	probe := newClient("127.0.0.254")
+	probe.c.Timeout = 2e9
+	waitFor(t, p, "answering", func() bool {
+		r, err := probe.c.Get("http://" + addr + "/__ready")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode != http.StatusNotFound
+	})
+	if errorLog != "" {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("--- %s error.log ---\n%s", p.name, tail(errorLog, 30))
+			}
+		})
+	}
+}
