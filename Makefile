@@ -43,7 +43,7 @@ bench:
 
 # fuzz runs each fuzz target for FUZZTIME; new findings land in testdata.
 fuzz:
-	for f in FuzzParseRules FuzzClientIP FuzzNormalizePath; do \
+	for f in FuzzParseRules FuzzClientIP FuzzNormalizePath FuzzAuth; do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./handler || exit 1; \
 	done
 

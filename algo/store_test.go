@@ -24,13 +24,17 @@ var (
 // fakeClock is a clock the test moves by hand.
 type fakeClock struct{ us atomic.Int64 }
 
-func (c *fakeClock) Now() time.Time            { return time.UnixMicro(c.us.Load()) }
-func (c *fakeClock) Set(t time.Time)           { c.us.Store(t.UnixMicro()) }
-func (c *fakeClock) Advance(d time.Duration)   { c.us.Add(d.Microseconds()) }
-func newFakeClock(t time.Time) *fakeClock      { c := &fakeClock{}; c.Set(t); return c }
-func (c *fakeClock) Micros() int64             { return c.us.Load() }
-func (c *fakeClock) SetMicros(us int64)        { c.us.Store(us) }
-func (c *fakeClock) Since(t0 time.Time) string { return c.Now().Sub(t0).String() }
+func newFakeClock(t time.Time) *fakeClock {
+	c := &fakeClock{}
+	c.Set(t)
+	return c
+}
+
+func (c *fakeClock) Now() time.Time          { return time.UnixMicro(c.us.Load()) }
+func (c *fakeClock) Set(t time.Time)         { c.us.Store(t.UnixMicro()) }
+func (c *fakeClock) Advance(d time.Duration) { c.us.Add(d.Microseconds()) }
+func (c *fakeClock) Micros() int64           { return c.us.Load() }
+func (c *fakeClock) SetMicros(us int64)      { c.us.Store(us) }
 
 // epoch is a pinned start aligned to a day, so every window in the tables
 // begins at it.

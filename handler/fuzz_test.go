@@ -5,10 +5,16 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/authlimit/authlimit/algo"
 )
 
-// The seed corpora live in testdata/fuzz; `make fuzz` runs each target.
+// The seed corpora live in testdata/fuzz (run as tests by go test); `make
+// fuzz` fuzzes each target.
 
 func FuzzParseRules(f *testing.F) {
 	f.Add("name=default key=ip limit=100/1m")
@@ -91,6 +97,42 @@ func FuzzNormalizePath(f *testing.F) {
 			if seg == "." || seg == ".." {
 				t.Fatalf("normalizePath(%q) = %q: dot segment", uri, p)
 			}
+		}
+	})
+}
+
+// FuzzAuth sends requests with arbitrary forwarded headers through the
+// whole handler: it never panics or hangs, and answers only with the
+// statuses README lists.
+func FuzzAuth(f *testing.F) {
+	f.Add("203.0.113.7", "", "/login?x=1", "POST", "api.example.com", "k1", "3")
+	f.Add("garbage, 10.0.0.5", "198.51.100.1", "//x/../login", "post", "API.example.com:8080", "", "abc")
+	f.Add(strings.Repeat("1.1.1.1,", 100), "\xff", "%zz", "\x00", "[::1]", strings.Repeat("k", 300), "-1")
+	rules, err := ParseRules("name=per-ip limit=3/1m; name=login key=ip+header:X-Api-Key limit=2/1m path=/login on_missing=deny;" +
+		"name=cost key=header:X-Api-Key limit=10/1m algorithm=token_bucket cost=header:X-Cost host=*.example.com")
+	if err != nil {
+		f.Fatal(err)
+	}
+	h, err := New(Options{Rules: rules, Store: algo.NewMemory(algo.MemoryOptions{SweepInterval: -1}), TrustedProxies: defaultTrusted,
+		BlockCIDRs: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, Sleep: func(time.Duration) {}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, xff, realIP, uri, method, host, apiKey, cost string) {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI("/auth")
+		hdr := &ctx.Request.Header
+		for name, v := range map[string]string{"X-Forwarded-For": xff, "X-Real-IP": realIP, "X-Forwarded-Uri": uri,
+			"X-Forwarded-Method": method, "X-Forwarded-Host": host, "X-Api-Key": apiKey, "X-Cost": cost} {
+			if v != "" {
+				hdr.Set(name, v)
+			}
+		}
+		h.Serve(&ctx)
+		switch ctx.Response.StatusCode() {
+		case 200, 429:
+		default:
+			t.Fatalf("status %d for %q %q %q %q %q %q %q", ctx.Response.StatusCode(), xff, realIP, uri, method, host, apiKey, cost)
 		}
 	})
 }

@@ -144,27 +144,34 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 // every key under it when t ends.
 func (s *Server) Prefix(t testing.TB) string {
 	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	prefix := "authlimit-test-" + hex.EncodeToString(b[:])
+	prefix := newPrefix()
 	if !s.Owned {
-		t.Cleanup(func() { s.deletePrefix(prefix) })
+		t.Cleanup(func() {
+			opts, err := redis.ParseURL(s.URL)
+			if err != nil {
+				return
+			}
+			c := redis.NewClient(opts)
+			defer c.Close()
+			deleteKeys(c, prefix)
+		})
 	}
 	return prefix
 }
 
-func (s *Server) deletePrefix(prefix string) {
-	opts, err := redis.ParseURL(s.URL)
-	if err != nil {
-		return
-	}
-	c := redis.NewClient(opts)
-	defer c.Close()
+func newPrefix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "authlimit-test-" + hex.EncodeToString(b[:])
+}
+
+// deleteKeys deletes every key under prefix from one node.
+func deleteKeys(node *redis.Client, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	iter := node.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
+		node.Del(ctx, iter.Val())
 	}
 }
 
@@ -385,27 +392,19 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 // not start, deletes every key under it from every primary when t ends.
 func (c *Cluster) Prefix(t testing.TB) string {
 	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	prefix := "authlimit-test-" + hex.EncodeToString(b[:])
+	prefix := newPrefix()
 	if c.Nodes == nil {
 		t.Cleanup(func() {
 			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
 			defer cc.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-				iter := node.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-				for iter.Next(ctx) {
-					node.Del(ctx, iter.Val())
-				}
+			_ = cc.ForEachMaster(context.Background(), func(_ context.Context, node *redis.Client) error {
+				deleteKeys(node, prefix)
 				return nil
 			})
 		})
 	}
 	return prefix
 }
-
 // StartSentinel starts a Redis Sentinel on a free loopback port that
 // monitors master under the name given, and stops it when t ends.
 func StartSentinel(t testing.TB, master *Server, name string) *Server {
