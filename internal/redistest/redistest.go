@@ -405,6 +405,7 @@ func (c *Cluster) Prefix(t testing.TB) string {
 	}
 	return prefix
 }
+
 // StartSentinel starts a Redis Sentinel on a free loopback port that
 // monitors master under the name given, and stops it when t ends.
 func StartSentinel(t testing.TB, master *Server, name string) *Server {
