@@ -556,7 +556,7 @@ func TestRunCheckAndVersion(t *testing.T) {
 	if err != nil {
 		t.Fatalf("-check with a valid environment: %v", err)
 	}
-	for _, want := range []string{"store            memory", "name=login key=ip limit=5/1m", "trusted proxies  127.0.0.0/8"} {
+	for _, want := range []string{"store            memory", "name=login key=ip limit=5/1m", "trusted proxies  127.0.0.0/8", "fail mode        open"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-check output lacks %q:\n%s", want, out.String())
 		}

@@ -414,13 +414,16 @@ func (s *settings) describe() string {
 	b.WriteString("authlimit configuration:\n")
 	w("listen", s.Listen)
 	w("store", s.redisDisplay)
+	fm := s.failMode.String()
+	if s.failMode == handler.FailLocal {
+		fm += fmt.Sprintf(" (limits divided by %d)", s.LocalDivisor)
+	}
+	if s.redisOptions == nil {
+		fm += " (unused: the embedded store does not fail)"
+	}
+	w("fail mode", fm)
 	if s.redisOptions != nil {
 		w("redis timeout", s.RedisTimeout.String())
-		fm := s.failMode.String()
-		if s.failMode == handler.FailLocal {
-			fm += fmt.Sprintf(" (limits divided by %d)", s.LocalDivisor)
-		}
-		w("fail mode", fm)
 		w("circuit breaker", fmt.Sprintf("opens after %d failures, backoff %v to %v", s.BreakerFailures, s.BreakerBackoff, s.BreakerMaxBackoff))
 	}
 	w("deny status", fmt.Sprint(s.DenyStatus))
