@@ -155,9 +155,9 @@ func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool
 		var o outcome
 		if s == nil {
 			var absent state
-			o = q.Rule.decide(&absent, now, cost(q))
+			o = q.Rule.decide(&absent, now, q.EffectiveCost())
 		} else {
-			o = q.Rule.decide(s, now, cost(q))
+			o = q.Rule.decide(s, now, q.EffectiveCost())
 		}
 		out, states = append(out, o), append(states, s)
 		all = all && (o.held.Allowed || q.Shadow)
@@ -174,7 +174,7 @@ func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool
 		if s == nil {
 			s = m.shards[shards[i]].insert(keys[i], m.perShard, now)
 		}
-		q.Rule.commit(s, out[i].next, now, cost(q))
+		q.Rule.commit(s, out[i].next, now, q.EffectiveCost())
 		res[i] = out[i].taken
 	}
 	return all, nil
@@ -190,9 +190,9 @@ func (m *Memory) decideOne(q Request, res *Result, now int64) bool {
 	var o outcome
 	if s == nil {
 		var absent state
-		o = q.Rule.decide(&absent, now, cost(q))
+		o = q.Rule.decide(&absent, now, q.EffectiveCost())
 	} else {
-		o = q.Rule.decide(s, now, cost(q))
+		o = q.Rule.decide(s, now, q.EffectiveCost())
 	}
 	if !o.held.Allowed {
 		*res = o.held
@@ -201,7 +201,7 @@ func (m *Memory) decideOne(q Request, res *Result, now int64) bool {
 	if s == nil {
 		s = sh.insert(k, m.perShard, now)
 	}
-	q.Rule.commit(s, o.next, now, cost(q))
+	q.Rule.commit(s, o.next, now, q.EffectiveCost())
 	*res = o.taken
 	return true
 }
@@ -239,13 +239,6 @@ func checkRequests(reqs []Request, res []Result) error {
 		}
 	}
 	return nil
-}
-
-func cost(q Request) int64 {
-	if q.Cost == 0 {
-		return q.Rule.spec.Cost
-	}
-	return q.Cost
 }
 
 // insert adds an empty state for k, first making room within limit: it

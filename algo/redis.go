@@ -120,7 +120,7 @@ func (r *Redis) newCall(reqs []Request) call {
 		if q.Shadow {
 			shadow = 1
 		}
-		c.args = append(c.args, int(s.Algorithm), s.Limit, q.Rule.window, s.Burst, q.Rule.delay, cost(q), q.Rule.capacity, shadow)
+		c.args = append(c.args, int(s.Algorithm), s.Limit, q.Rule.window, s.Burst, q.Rule.delay, q.EffectiveCost(), q.Rule.capacity, shadow)
 	}
 	return c
 }
@@ -229,7 +229,7 @@ func (r *Redis) refundPart(ctx context.Context, c call, at int64, reqs []Request
 		if res[i].Allowed {
 			keys = append(keys, c.keys[k:k+n]...)
 			args = append(args, c.args[2+8*i:2+8*i+8]...)
-			res[i].Remaining = min(res[i].Remaining+cost(q), res[i].Limit)
+			res[i].Remaining = min(res[i].Remaining+q.EffectiveCost(), res[i].Limit)
 			res[i].Delay = 0
 		}
 		k += n

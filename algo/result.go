@@ -17,6 +17,14 @@ type Request struct {
 	Shadow bool
 }
 
+// EffectiveCost is the request's cost, or the rule's when it states none.
+func (q Request) EffectiveCost() int64 {
+	if q.Cost == 0 {
+		return q.Rule.spec.Cost
+	}
+	return q.Cost
+}
+
 // Reason says why a rule denied a request.
 type Reason uint8
 

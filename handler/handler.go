@@ -125,6 +125,7 @@ type Options struct {
 // scrapes. Build it with New.
 type Handler struct {
 	rules        []*Rule
+	policy       []string     // rules[i]'s RateLimit-Policy item
 	local        []*algo.Rule // rules[i]'s limit divided for the fallback
 	store        Decider
 	ping         Pinger
@@ -209,6 +210,10 @@ func New(opts Options) (*Handler, error) {
 		clock:        opts.Clock,
 		sleep:        opts.Sleep,
 	}
+	for _, r := range opts.Rules {
+		s := r.Limit.Spec()
+		h.policy = append(h.policy, fmt.Sprintf(`"%s";q=%d;w=%d`, r.Name, s.Limit, ceilSeconds(s.Window, 1)))
+	}
 	if opts.DenyCacheSize > 0 {
 		h.denies = newDenyCache(opts.DenyCacheSize)
 	}
@@ -242,10 +247,7 @@ func divided(r *algo.Rule, n int) (*algo.Rule, error) {
 	s.Limit = max(s.Limit/int64(n), 1)
 	s.Burst = max(s.Burst/int64(n), 1)
 	if s.Algorithm != algo.TokenBucket && s.Algorithm != algo.LeakyBucket && s.Algorithm != algo.GCRA {
-		s.Burst = 0
-	}
-	if s.Algorithm == algo.GCRA && s.Window/time.Duration(s.Limit) < 10*time.Microsecond {
-		s.Limit = int64(s.Window / (10 * time.Microsecond))
+		s.Burst = 0 // Spec fills it in; NewRule refuses it for the others
 	}
 	return algo.NewRule(s)
 }
@@ -469,7 +471,7 @@ func (h *Handler) fromDenyCache(ctx *fasthttp.RequestCtx, sc *scratch, res []alg
 		if q.Shadow || hit >= 0 {
 			continue
 		}
-		if r, ok := h.denies.get(key, costOf(q), now); ok {
+		if r, ok := h.denies.get(key, q.EffectiveCost(), now); ok {
 			res[i], hit = r, i
 		}
 	}
@@ -486,13 +488,6 @@ func (h *Handler) fromDenyCache(ctx *fasthttp.RequestCtx, sc *scratch, res []alg
 	}
 	h.respond(ctx, sc, res[:len(sc.reqs)], false, now)
 	return true
-}
-
-func costOf(q algo.Request) int64 {
-	if q.Cost == 0 {
-		return q.Rule.Spec().Cost
-	}
-	return q.Cost
 }
 
 // respond writes the answer: metrics, deny cache, headers and status.
@@ -515,7 +510,7 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.Resu
 			retry = max(retry, r.RetryAfter)
 			costTooHigh = costTooHigh || r.Reason == algo.ReasonCostTooHigh
 			if h.denies != nil {
-				h.denies.put(sc.keys[i], costOf(q), r, now)
+				h.denies.put(sc.keys[i], q.EffectiveCost(), r, now)
 			}
 		}
 	}
@@ -547,17 +542,10 @@ func (h *Handler) setHeaders(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.R
 		if sc.reqs[i].Shadow {
 			continue
 		}
-		rule := h.rules[sc.rules[i]]
-		spec := rule.Limit.Spec()
 		if len(policy) > 0 {
 			policy = append(policy, ", "...)
 		}
-		policy = append(policy, '"')
-		policy = append(policy, rule.Name...)
-		policy = append(policy, `";q=`...)
-		policy = strconv.AppendInt(policy, spec.Limit, 10)
-		policy = append(policy, ";w="...)
-		policy = strconv.AppendInt(policy, ceilSeconds(spec.Window, 1), 10)
+		policy = append(policy, h.policy[sc.rules[i]]...)
 		if most < 0 || moreRestrictive(r, res[most], admitted) {
 			most = i
 		}

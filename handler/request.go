@@ -19,14 +19,7 @@ type ipResolver struct {
 	trusted []netip.Prefix
 }
 
-func (r *ipResolver) isTrusted(a netip.Addr) bool {
-	for _, p := range r.trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
+func (r *ipResolver) isTrusted(a netip.Addr) bool { return contains(r.trusted, a) }
 
 // clientIP returns the client's address. The chain of hops is the
 // X-Forwarded-For entries, left to right, followed by the TCP peer. Walking
