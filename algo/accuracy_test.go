@@ -20,8 +20,8 @@ func TestSlidingCounterAccuracy(t *testing.T) {
 	clock := newFakeClock(epoch)
 	m := NewMemory(MemoryOptions{Clock: clock.Now, SweepInterval: -1})
 	defer m.Close()
-	counter := mustRule(t, Spec{Name: "counter", Algorithm: SlidingWindowCounter, Limit: limit, Window: window})
-	exact := mustRule(t, Spec{Name: "log", Algorithm: SlidingWindowLog, Limit: limit, Window: window})
+	counter := mustPolicy(t, Spec{Name: "counter", Algorithm: SlidingWindowCounter, Limit: limit, Window: window})
+	exact := mustPolicy(t, Spec{Name: "log", Algorithm: SlidingWindowLog, Limit: limit, Window: window})
 
 	// Bursts of 20 to 200 requests within 50 ms, 0 to 1.5 s apart, for
 	// ten minutes of traffic, with a trickle in between.
@@ -47,11 +47,11 @@ func TestSlidingCounterAccuracy(t *testing.T) {
 	res := make([]Result, 1)
 	for _, ts := range times {
 		clock.SetMicros(ts)
-		c, err := m.Decide(ctx, []Request{{Rule: counter, Key: "k"}}, res)
+		c, err := m.Decide(ctx, []Request{{Policy: counter, Key: []byte("k")}}, res)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := m.Decide(ctx, []Request{{Rule: exact, Key: "k"}}, res)
+		l, err := m.Decide(ctx, []Request{{Policy: exact, Key: []byte("k")}}, res)
 		if err != nil {
 			t.Fatal(err)
 		}

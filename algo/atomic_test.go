@@ -25,7 +25,7 @@ func TestExactUnderConcurrency(t *testing.T) {
 			mem := NewMemory(MemoryOptions{Clock: rs.clock, SweepInterval: -1})
 			t.Cleanup(func() { _ = mem.Close() })
 			for _, st := range []namedStore{{"memory", mem}, {"redis", rs}} {
-				rule := mustRule(t, Spec{Name: "hammer", Algorithm: a, Limit: limit, Window: time.Hour})
+				rule := mustPolicy(t, Spec{Name: "hammer", Algorithm: a, Limit: limit, Window: time.Hour})
 				var admitted, denied atomic.Int64
 				var wg sync.WaitGroup
 				errs := make(chan error, goroutines)
@@ -35,7 +35,7 @@ func TestExactUnderConcurrency(t *testing.T) {
 						defer wg.Done()
 						var res [1]Result
 						for i := 0; i < attempts; i++ {
-							ok, err := st.store.Decide(context.Background(), []Request{{Rule: rule, Key: "one"}}, res[:])
+							ok, err := st.store.Decide(context.Background(), []Request{{Policy: rule, Key: []byte("one")}}, res[:])
 							if err != nil {
 								errs <- err
 								return
@@ -74,10 +74,10 @@ func TestAllOrNothing(t *testing.T) {
 			for _, b := range Algorithms() {
 				name := fmt.Sprintf("%s/%s+%s", st.name, a, b)
 				t.Run(name, func(t *testing.T) {
-					ra := mustRule(t, Spec{Name: "a-" + a.String(), Algorithm: a, Limit: 10, Window: time.Minute})
-					rb := mustRule(t, Spec{Name: "b-" + b.String(), Algorithm: b, Limit: 1, Window: time.Minute})
+					ra := mustPolicy(t, Spec{Name: "a-" + a.String(), Algorithm: a, Limit: 10, Window: time.Minute})
+					rb := mustPolicy(t, Spec{Name: "b-" + b.String(), Algorithm: b, Limit: 1, Window: time.Minute})
 					key := name // a fresh key per pair
-					both := []Request{{Rule: ra, Key: key}, {Rule: rb, Key: key}}
+					both := []Request{{Policy: ra, Key: []byte(key)}, {Policy: rb, Key: []byte(key)}}
 					res := make([]Result, 2)
 
 					ok, err := st.store.Decide(ctx, both, res)
@@ -100,7 +100,7 @@ func TestAllOrNothing(t *testing.T) {
 						}
 					}
 					// A alone shows it consumed nothing for the denials.
-					if got, want := decideOne(t, st.store, Request{Rule: ra, Key: key}).Remaining, int64(8); got != want {
+					if got, want := decideOne(t, st.store, Request{Policy: ra, Key: []byte(key)}).Remaining, int64(8); got != want {
 						t.Errorf("A alone afterwards: Remaining = %d, want %d", got, want)
 					}
 				})
@@ -116,24 +116,24 @@ func TestKeysExpire(t *testing.T) {
 	rs, client, _ := newRedisStore(t, nil)
 	ctx := context.Background()
 	const longest = 400 * time.Millisecond
-	rules := []*Rule{
-		mustRule(t, Spec{Name: "fw", Algorithm: FixedWindow, Limit: 3, Window: longest}),
-		mustRule(t, Spec{Name: "swl", Algorithm: SlidingWindowLog, Limit: 3, Window: 300 * time.Millisecond}),
+	rules := []*Policy{
+		mustPolicy(t, Spec{Name: "fw", Algorithm: FixedWindow, Limit: 3, Window: longest}),
+		mustPolicy(t, Spec{Name: "swl", Algorithm: SlidingWindowLog, Limit: 3, Window: 300 * time.Millisecond}),
 		// The counter's state lasts two windows: its previous window
 		// still weighs in the current one.
-		mustRule(t, Spec{Name: "swc", Algorithm: SlidingWindowCounter, Limit: 3, Window: longest / 2}),
-		mustRule(t, Spec{Name: "tb", Algorithm: TokenBucket, Limit: 3, Window: 300 * time.Millisecond}),
-		mustRule(t, Spec{Name: "lb", Algorithm: LeakyBucket, Limit: 3, Window: 300 * time.Millisecond, Delay: 50 * time.Millisecond}),
-		mustRule(t, Spec{Name: "gcra", Algorithm: GCRA, Limit: 3, Window: longest, Burst: 2}),
+		mustPolicy(t, Spec{Name: "swc", Algorithm: SlidingWindowCounter, Limit: 3, Window: longest / 2}),
+		mustPolicy(t, Spec{Name: "tb", Algorithm: TokenBucket, Limit: 3, Window: 300 * time.Millisecond}),
+		mustPolicy(t, Spec{Name: "lb", Algorithm: LeakyBucket, Limit: 3, Window: 300 * time.Millisecond, Delay: 50 * time.Millisecond}),
+		mustPolicy(t, Spec{Name: "gcra", Algorithm: GCRA, Limit: 3, Window: longest, Burst: 2}),
 	}
 	horizon := map[string]time.Duration{"fw": longest, "swl": 300 * ms, "swc": longest, "tb": 300 * ms, "lb": 300*ms + 50*ms, "gcra": longest}
 	res := make([]Result, 3)
 	for i := 0; i < 60; i++ {
 		key := strconv.Itoa(i % 4)
 		reqs := []Request{
-			{Rule: rules[i%len(rules)], Key: key, Cost: int64(1 + i%2)},
-			{Rule: rules[(i+1)%len(rules)], Key: key},
-			{Rule: rules[(i+3)%len(rules)], Key: "shared"},
+			{Policy: rules[i%len(rules)], Key: []byte(key), Cost: int64(1 + i%2)},
+			{Policy: rules[(i+1)%len(rules)], Key: []byte(key)},
+			{Policy: rules[(i+3)%len(rules)], Key: []byte("shared")},
 		}
 		if _, err := rs.Decide(ctx, reqs, res); err != nil {
 			t.Fatal(err)
@@ -195,12 +195,12 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func TestOneRoundTrip(t *testing.T) {
 	rs, client, srv := newRedisStore(t, nil)
 	ctx := context.Background()
-	if err := rs.Load(ctx); err != nil {
+	if err := rs.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var rules []*Rule
+	var rules []*Policy
 	for i, a := range Algorithms() {
-		rules = append(rules, mustRule(t, Spec{Name: fmt.Sprintf("r%d", i), Algorithm: a, Limit: 5, Window: time.Minute}))
+		rules = append(rules, mustPolicy(t, Spec{Name: fmt.Sprintf("r%d", i), Algorithm: a, Limit: 5, Window: time.Minute}))
 	}
 	admin := srv.Client(t)
 	stats := func() (evalsha, eval int64) {
@@ -219,7 +219,7 @@ func TestOneRoundTrip(t *testing.T) {
 		res := make([]Result, n)
 		reqs := make([]Request, n)
 		for i := range reqs {
-			reqs[i] = Request{Rule: rules[i], Key: "rt"}
+			reqs[i] = Request{Policy: rules[i], Key: []byte("rt")}
 		}
 		for i := 0; i < decisions; i++ {
 			if _, err := rs.Decide(ctx, reqs, res); err != nil {
@@ -239,6 +239,55 @@ func TestOneRoundTrip(t *testing.T) {
 	}
 }
 
+// TestConcurrentDecisionsShareCalls: decisions made at once ride in shared
+// script calls, so Redis runs fewer scripts than there are decisions, and
+// each decision is still answered on its own.
+func TestConcurrentDecisionsShareCalls(t *testing.T) {
+	rs, _, srv := newRedisStore(t, &redis.Options{PoolSize: 8})
+	rs.clock = newFakeClock(epoch.Add(time.Minute)).Now // nothing refills
+	ctx := context.Background()
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rule := mustPolicy(t, Spec{Name: "share", Algorithm: GCRA, Limit: 1_000_000, Window: time.Hour})
+	admin := srv.Client(t)
+	calls := func() int64 {
+		info, err := admin.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return commandCalls(info, "evalsha")
+	}
+	before := calls()
+	const goroutines, each = 64, 50
+	var wg sync.WaitGroup
+	var decided atomic.Int64
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var res [1]Result
+			for i := 0; i < each; i++ {
+				key := []byte(fmt.Sprintf("c%d", g))
+				if ok, err := rs.Decide(ctx, []Request{{Policy: rule, Key: key}}, res[:]); err != nil || !ok {
+					t.Errorf("Decide = %v, %v", ok, err)
+					return
+				}
+				if want := int64(1_000_000 - i - 1); res[0].Remaining != want {
+					t.Errorf("goroutine %d decision %d: Remaining = %d, want %d (another key's answer?)", g, i, res[0].Remaining, want)
+				}
+				decided.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	scripts := calls() - before
+	t.Logf("%d decisions in %d script calls", decided.Load(), scripts)
+	if scripts >= decided.Load() {
+		t.Errorf("%d decisions took %d script calls: concurrent decisions did not share calls", decided.Load(), scripts)
+	}
+}
+
 // commandCalls reads calls=N for one command from INFO commandstats.
 func commandCalls(info, cmd string) int64 {
 	for _, line := range strings.Split(info, "\n") {
@@ -255,12 +304,12 @@ func commandCalls(info, cmd string) int64 {
 func TestScriptReloadsAfterFlush(t *testing.T) {
 	rs, client, _ := newRedisStore(t, nil)
 	ctx := context.Background()
-	rule := mustRule(t, Spec{Name: "x", Algorithm: FixedWindow, Limit: 2, Window: time.Minute})
-	decideOne(t, rs, Request{Rule: rule, Key: "k"})
+	rule := mustPolicy(t, Spec{Name: "x", Algorithm: FixedWindow, Limit: 2, Window: time.Minute})
+	decideOne(t, rs, Request{Policy: rule, Key: []byte("k")})
 	if err := client.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got := decideOne(t, rs, Request{Rule: rule, Key: "k"}); !got.Allowed || got.Remaining != 0 {
+	if got := decideOne(t, rs, Request{Policy: rule, Key: []byte("k")}); !got.Allowed || got.Remaining != 0 {
 		t.Errorf("after SCRIPT FLUSH: %+v, want allowed with 0 remaining", got)
 	}
 }
@@ -274,12 +323,12 @@ func TestShadowRulesCountButNeverDeny(t *testing.T) {
 	for _, st := range bothStores(t, clock) {
 		for _, a := range Algorithms() {
 			t.Run(st.name+"/"+a.String(), func(t *testing.T) {
-				enforce := mustRule(t, Spec{Name: "enforce", Algorithm: a, Limit: 1, Window: time.Minute})
-				shadow := mustRule(t, Spec{Name: "shadow", Algorithm: a, Limit: 2, Window: time.Minute})
+				enforce := mustPolicy(t, Spec{Name: "enforce", Algorithm: a, Limit: 1, Window: time.Minute})
+				shadow := mustPolicy(t, Spec{Name: "shadow", Algorithm: a, Limit: 2, Window: time.Minute})
 				res := make([]Result, 2)
 				decide := func(enforceKey, shadowKey string) bool {
 					t.Helper()
-					ok, err := st.store.Decide(ctx, []Request{{Rule: enforce, Key: enforceKey}, {Rule: shadow, Key: shadowKey, Shadow: true}}, res)
+					ok, err := st.store.Decide(ctx, []Request{{Policy: enforce, Key: []byte(enforceKey)}, {Policy: shadow, Key: []byte(shadowKey), Shadow: true}}, res)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -297,7 +346,7 @@ func TestShadowRulesCountButNeverDeny(t *testing.T) {
 				if decide("e3", "fresh") {
 					t.Fatalf("fourth request admitted past the used-up enforcing rule: %+v", res)
 				}
-				if got := decideOne(t, st.store, Request{Rule: shadow, Key: "fresh"}); got.Remaining != 1 {
+				if got := decideOne(t, st.store, Request{Policy: shadow, Key: []byte("fresh")}); got.Remaining != 1 {
 					t.Errorf("shadow rule after an enforced denial: Remaining = %d, want 1 (nothing consumed)", got.Remaining)
 				}
 			})

@@ -3,6 +3,7 @@ package algo
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -15,23 +16,23 @@ import (
 // before the timer starts.
 const benchKeys = 4096
 
-func benchRules(b *testing.B, a Algorithm, n int) []*Rule {
-	rules := make([]*Rule, n)
+func benchRules(b *testing.B, a Algorithm, n int) []*Policy {
+	rules := make([]*Policy, n)
 	for i := range rules {
 		// Limits above the benchmark's rate, so it measures admissions,
 		// and a short window, so state is in a steady state: a
 		// sliding_window_log key holds about a second of entries.
-		rules[i] = mustRule(b, Spec{Name: fmt.Sprintf("bench%d", i), Algorithm: a, Limit: 1 << 16, Window: time.Second})
+		rules[i] = mustPolicy(b, Spec{Name: fmt.Sprintf("bench%d", i), Algorithm: a, Limit: 1 << 16, Window: time.Second})
 	}
 	return rules
 }
 
-func benchRequests(rules []*Rule) [][]Request {
+func benchRequests(rules []*Policy) [][]Request {
 	all := make([][]Request, benchKeys)
 	for k := range all {
 		key := "198.51.100." + strconv.Itoa(k)
 		for _, r := range rules {
-			all[k] = append(all[k], Request{Rule: r, Key: key})
+			all[k] = append(all[k], Request{Policy: r, Key: []byte(key)})
 		}
 	}
 	return all
@@ -41,7 +42,7 @@ func benchRequests(rules []*Rule) [][]Request {
 // algorithm and store, serially and from parallel goroutines.
 func BenchmarkDecide(b *testing.B) {
 	rs, client, _ := newRedisStore(b, &redis.Options{PoolSize: 16})
-	if err := rs.Load(context.Background()); err != nil {
+	if err := rs.Warm(context.Background()); err != nil {
 		b.Fatal(err)
 	}
 	// The floor for any Redis store: one PING round trip on the same client.
@@ -102,4 +103,39 @@ func newBenchMemory(b *testing.B) *Memory {
 	m := NewMemory(MemoryOptions{SweepInterval: -1})
 	b.Cleanup(func() { _ = m.Close() })
 	return m
+}
+
+// BenchmarkMemoryLiveKeys reports the heap the memory store holds per live
+// key, with a million keys of IPv4 addresses, per algorithm.
+func BenchmarkMemoryLiveKeys(b *testing.B) {
+	const n = 1 << 20
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = []byte(fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&255, i&255))
+	}
+	for _, a := range Algorithms() {
+		b.Run(a.String(), func(b *testing.B) {
+			p := mustPolicy(b, Spec{Name: "live", Algorithm: a, Limit: 100, Window: time.Hour})
+			var res [1]Result
+			for i := 0; i < b.N; i++ {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				m := NewMemory(MemoryOptions{MaxKeys: n, SweepInterval: -1})
+				for _, k := range keys {
+					if _, err := m.Decide(context.Background(), []Request{{Policy: p, Key: k}}, res[:]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				if m.Len() != n {
+					b.Fatalf("Len = %d, want %d", m.Len(), n)
+				}
+				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/key")
+				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB/1M-keys")
+				_ = m.Close()
+			}
+		})
+	}
 }

@@ -14,12 +14,12 @@ func TestSlotMatchesRedis(t *testing.T) {
 	cluster := redistest.NewCluster(t)
 	client := cluster.Client(t)
 	ctx := context.Background()
-	for _, tag := range []string{"a", "203.0.113.7", "2001:db8::/64", "user@example.com", keyTag(strings.Repeat("z", 100)), "123456789"} {
+	for _, tag := range []string{"a", "203.0.113.7", "2001:db8::/64", "user@example.com", string(Tag(strings.Repeat("z", 100))), "123456789"} {
 		want, err := client.ClusterKeySlot(ctx, "x{"+tag+"}y").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := slot(tag); int64(got) != want {
+		if got := slot([]byte(tag)); int64(got) != want {
 			t.Errorf("slot(%q) = %d, Redis says %d", tag, got, want)
 		}
 	}
@@ -30,23 +30,23 @@ func TestSlotMatchesRedis(t *testing.T) {
 // leaves the other slots' state as it was.
 func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
 	cluster := redistest.NewCluster(t)
-	rs := NewRedis(cluster.Client(t), cluster.Prefix(t))
-	if !rs.cluster {
+	rs := newRedis(t, cluster.Client(t), cluster.Prefix(t))
+	if rs.cluster == nil {
 		t.Fatal("a cluster client did not make a cluster store")
 	}
 	ctx := context.Background()
-	if err := rs.Load(ctx); err != nil {
+	if err := rs.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range Algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
-			ra := mustRule(t, Spec{Name: "a-" + a.String(), Algorithm: a, Limit: 3, Window: time.Minute})
-			rb := mustRule(t, Spec{Name: "b-" + a.String(), Algorithm: FixedWindow, Limit: 1, Window: time.Minute})
+			ra := mustPolicy(t, Spec{Name: "a-" + a.String(), Algorithm: a, Limit: 3, Window: time.Minute})
+			rb := mustPolicy(t, Spec{Name: "b-" + a.String(), Algorithm: FixedWindow, Limit: 1, Window: time.Minute})
 			ka, kb := "client-a", "global"
-			if slot(keyTag(ka)) == slot(keyTag(kb)) {
+			if slot([]byte(ka)) == slot([]byte(kb)) {
 				t.Fatal("test keys share a slot")
 			}
-			both := []Request{{Rule: ra, Key: ka}, {Rule: rb, Key: kb}}
+			both := []Request{{Policy: ra, Key: []byte(ka)}, {Policy: rb, Key: []byte(kb)}}
 			res := make([]Result, 2)
 			ok, err := rs.Decide(ctx, both, res)
 			if err != nil || !ok {
@@ -62,7 +62,8 @@ func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
 			if !res[0].Allowed || res[0].Remaining != 2 {
 				t.Errorf("second decision: A = %+v, want allowed with 2 remaining (unconsumed)", res[0])
 			}
-			if got := decideOne(t, rs, Request{Rule: ra, Key: ka}); got.Remaining != 1 {
+			rs.owed.Wait()
+			if got := decideOne(t, rs, Request{Policy: ra, Key: []byte(ka)}); got.Remaining != 1 {
 				t.Errorf("A alone after the denied decision: Remaining = %d, want 1 (refunded)", got.Remaining)
 			}
 		})
@@ -75,9 +76,9 @@ func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
 func TestClusterSameKeyIsOneCall(t *testing.T) {
 	cluster := redistest.NewCluster(t)
 	client := cluster.Client(t)
-	rs := NewRedis(client, cluster.Prefix(t))
+	rs := newRedis(t, client, cluster.Prefix(t))
 	ctx := context.Background()
-	if err := rs.Load(ctx); err != nil {
+	if err := rs.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var reqs []Request
@@ -85,11 +86,12 @@ func TestClusterSameKeyIsOneCall(t *testing.T) {
 		n int64
 		w time.Duration
 	}{{1, time.Minute}, {5, time.Hour}, {10, 24 * time.Hour}} {
-		r := mustRule(t, Spec{Name: fmt.Sprintf("sms-%d", l.n), Algorithm: SlidingWindowLog, Limit: l.n, Window: l.w})
-		reqs = append(reqs, Request{Rule: r, Key: "+15551234567"})
+		r := mustPolicy(t, Spec{Name: fmt.Sprintf("sms-%d", l.n), Algorithm: SlidingWindowLog, Limit: l.n, Window: l.w})
+		reqs = append(reqs, Request{Policy: r, Key: []byte("+15551234567")})
 	}
-	if groups := bySlot(reqs); len(groups) != 1 {
-		t.Fatalf("the SMS rules span %d slots, want 1", len(groups))
+	c := &call{}
+	if err := rs.encode(ctx, c, reqs); err != nil || len(c.parts) != 1 {
+		t.Fatalf("the SMS rules span %d slots (%v), want 1", len(c.parts), err)
 	}
 	hook := &roundTrips{}
 	client.AddHook(hook)

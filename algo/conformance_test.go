@@ -139,14 +139,14 @@ func TestConformance(t *testing.T) {
 				t.Run(st.name, func(t *testing.T) {
 					spec := tc.spec
 					spec.Name = tc.name + "-" + st.name
-					rule := mustRule(t, spec)
+					rule := mustPolicy(t, spec)
 					for i, s := range tc.steps {
 						clock.Set(epoch.Add(s.at))
 						key := s.key
 						if key == "" {
 							key = "k"
 						}
-						got := decideOne(t, st.store, Request{Rule: rule, Key: key, Cost: s.cost})
+						got := decideOne(t, st.store, Request{Policy: rule, Key: []byte(key), Cost: s.cost})
 						want := s.want
 						want.Limit = rule.Capacity()
 						if got != want {

@@ -3,6 +3,7 @@ package algo
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -14,24 +15,67 @@ var windows = []time.Duration{
 	time.Second, 3 * time.Second, time.Minute, time.Hour,
 }
 
+// logUniform draws from [lo, hi] with every order of magnitude as likely, so
+// that the extremes of a range come up as often as its middle.
+func logUniform(rng *rand.Rand, lo, hi int64) int64 {
+	v := int64(math.Exp(math.Log(float64(lo)) + rng.Float64()*(math.Log(float64(hi))-math.Log(float64(lo)))))
+	return min(max(v, lo), hi)
+}
+
+// randomSpec draws a policy: half the time everyday values, half the time
+// anywhere in the range a policy accepts (limits and bursts from 1 to 2^50,
+// windows from 1ms to 366 days, delays up to a minute).
 func randomSpec(rng *rand.Rand, name string) Spec {
 	for {
-		s := Spec{
-			Name:      name,
-			Algorithm: Algorithms()[rng.IntN(len(Algorithms()))],
-			Limit:     1 + rng.Int64N(20),
-			Window:    windows[rng.IntN(len(windows))],
+		s := Spec{Name: name, Algorithm: Algorithms()[rng.IntN(len(Algorithms()))]}
+		wide := rng.IntN(2) == 0
+		if wide {
+			s.Limit = logUniform(rng, 1, MaxLimit)
+			s.Window = time.Duration(logUniform(rng, MinWindow.Microseconds(), MaxWindow.Microseconds())) * time.Microsecond
+		} else {
+			s.Limit = 1 + rng.Int64N(20)
+			s.Window = windows[rng.IntN(len(windows))]
 		}
-		if s.Algorithm.usesBurst() && rng.IntN(2) == 0 {
-			s.Burst = 1 + rng.Int64N(30)
+		if s.Algorithm.UsesBurst() && rng.IntN(2) == 0 {
+			if wide {
+				s.Burst = logUniform(rng, 1, MaxLimit)
+			} else {
+				s.Burst = 1 + rng.Int64N(30)
+			}
 		}
 		if s.Algorithm == LeakyBucket && rng.IntN(2) == 0 {
-			s.Delay = time.Duration(1+rng.Int64N(2000)) * time.Millisecond
+			s.Delay = time.Duration(1+rng.Int64N(MaxDelay.Microseconds())) * time.Microsecond
 		}
-		if _, err := NewRule(s); err == nil {
+		if _, err := NewPolicy(s); err == nil {
 			return s
 		}
 	}
+}
+
+// randomCost draws a request's cost: often the policy's own (0), else up to
+// a little past what the policy admits, log-uniformly when that is large.
+func randomCost(rng *rand.Rand, p *Policy) int64 {
+	switch rng.IntN(4) {
+	case 0:
+		return 0
+	case 1:
+		return logUniform(rng, 1, min(p.MaxCost()+2, MaxLimit))
+	}
+	return 1 + rng.Int64N(min(p.MaxCost()+2, 50))
+}
+
+// randomGap draws a time step: none, a little, or up to two windows.
+func randomGap(rng *rand.Rand, p *Policy) time.Duration {
+	W := p.spec.Window
+	switch rng.IntN(4) {
+	case 0:
+		return 0
+	case 1:
+		return time.Duration(rng.Int64N(int64(W/4)/1000+1)) * time.Microsecond
+	case 2:
+		return time.Duration(logUniform(rng, 1, 2*W.Microseconds())) * time.Microsecond
+	}
+	return time.Duration(rng.Int64N(2*W.Microseconds()+1)) * time.Microsecond
 }
 
 // TestDifferential drives the memory store and the Redis store with the same
@@ -51,35 +95,25 @@ func TestDifferential(t *testing.T) {
 	decisions := 0
 	for seq := 0; seq < sequences; seq++ {
 		rng := rand.New(rand.NewPCG(seed, uint64(seq)))
-		rules := make([]*Rule, 1+rng.IntN(4))
+		rules := make([]*Policy, 1+rng.IntN(4))
 		for i := range rules {
-			rules[i] = mustRule(t, randomSpec(rng, fmt.Sprintf("s%d-r%d", seq, i)))
+			rules[i] = mustPolicy(t, randomSpec(rng, fmt.Sprintf("s%d-r%d", seq, i)))
 		}
 		// Start anywhere in a day, so windows are not always aligned.
 		clock.Set(epoch.Add(time.Duration(rng.Int64N(int64(24 * time.Hour)))))
 		var history strings.Builder
 		for stepN := 0; stepN < 16; stepN++ {
-			r0 := rules[rng.IntN(len(rules))]
-			switch rng.IntN(4) {
-			case 0: // same instant
-			case 1:
-				clock.Advance(time.Duration(rng.Int64N(int64(r0.spec.Window/4) + 1)))
-			default:
-				clock.Advance(time.Duration(rng.Int64N(int64(2*r0.spec.Window) + 1)))
-			}
+			clock.Advance(randomGap(rng, rules[rng.IntN(len(rules))]))
 			n := 1 + rng.IntN(len(rules))
 			reqs := make([]Request, 0, n)
 			for _, i := range rng.Perm(len(rules))[:n] {
 				r := rules[i]
-				c := int64(0)
-				if rng.IntN(3) > 0 {
-					c = 1 + rng.Int64N(r.MaxCost()+2)
-				}
-				reqs = append(reqs, Request{Rule: r, Key: string(rune('a' + rng.IntN(3))), Cost: c, Shadow: rng.IntN(5) == 0})
+				c := randomCost(rng, r)
+				reqs = append(reqs, Request{Policy: r, Key: []byte(string(rune('a' + rng.IntN(3)))), Cost: c, Shadow: rng.IntN(5) == 0})
 			}
 			fmt.Fprintf(&history, "  t=%d", clock.Micros())
 			for _, q := range reqs {
-				fmt.Fprintf(&history, " %s(%+v)[%s cost %d shadow %v]", q.Rule.spec.Name, q.Rule.spec, q.Key, q.Cost, q.Shadow)
+				fmt.Fprintf(&history, " %s(%+v)[%s cost %d shadow %v]", q.Policy.spec.Name, q.Policy.spec, q.Key, q.Cost, q.Shadow)
 			}
 			history.WriteString("\n")
 			gotMem := make([]Result, n)
@@ -116,4 +150,58 @@ func equalResults(a, b []Result) bool {
 		}
 	}
 	return true
+}
+
+// TestBatchMatchesSequential sends batches of random requests, several on
+// the same keys, through one script call each, and requires the answers the
+// memory store gives deciding the same requests one after another in the
+// batch's order: a batch is exactly a sequence of decisions.
+func TestBatchMatchesSequential(t *testing.T) {
+	clock := newFakeClock(epoch)
+	stores := bothStores(t, clock)
+	mem, rs := stores[0].store.(*Memory), stores[1].store.(*Redis)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	ctx := context.Background()
+	for b := 0; b < 300; b++ {
+		rng := rand.New(rand.NewPCG(seed, uint64(b)))
+		rules := make([]*Policy, 1+rng.IntN(3))
+		for i := range rules {
+			rules[i] = mustPolicy(t, randomSpec(rng, fmt.Sprintf("b%d-r%d", b, i)))
+		}
+		clock.Set(epoch.Add(time.Duration(rng.Int64N(int64(24 * time.Hour)))))
+		var w worker
+		var batch [][]Request
+		for c := 0; c < 1+rng.IntN(12); c++ {
+			n := 1 + rng.IntN(len(rules))
+			var reqs []Request
+			for _, i := range rng.Perm(len(rules))[:n] {
+				reqs = append(reqs, Request{Policy: rules[i], Key: []byte{byte('a' + rng.IntN(2))}, Cost: randomCost(rng, rules[i]), Shadow: rng.IntN(5) == 0})
+			}
+			cl := &call{done: make(chan struct{}, 1)}
+			if err := rs.encode(ctx, cl, reqs); err != nil {
+				t.Fatal(err)
+			}
+			cl.deadline = time.Now().Add(time.Minute)
+			w.batch = append(w.batch, cl)
+			batch = append(batch, reqs)
+		}
+		rs.run(&w)
+		for c, reqs := range batch {
+			cl := w.batch[c]
+			<-cl.done
+			if cl.err != nil {
+				t.Fatalf("batch %d call %d: %v", b, c, cl.err)
+			}
+			want := make([]Result, len(reqs))
+			ok, err := mem.Decide(ctx, reqs, want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != cl.admitted || !equalResults(want, cl.res[:len(reqs)]) {
+				t.Fatalf("batch %d call %d of %d: the batch disagrees with a sequence\nsequence %v %+v\nbatch    %v %+v\nrequests %+v",
+					b, c, len(batch), ok, want, cl.admitted, cl.res[:len(reqs)], reqs)
+			}
+		}
+	}
 }

@@ -2,40 +2,36 @@ package algo
 
 import "math"
 
-// This file is the arithmetic of the six algorithms in Go. scripts/decide.lua
+// This file is the arithmetic of the algorithms in Go. scripts/decide.lua
 // does the same arithmetic in Lua, step for step and in the same order of
 // floating-point operations, so that both stores give identical answers: Lua
-// numbers are IEEE doubles like float64, and every product below is rounded
-// by an explicit float64 conversion so the Go compiler cannot fuse it into a
-// multiply-add that Lua would not do. Times are Unix microseconds.
+// numbers are IEEE doubles like float64, and every product that is then
+// added or subtracted is rounded by an explicit float64 conversion so the Go
+// compiler cannot fuse it into a multiply-add that Lua would not do. Times
+// are microseconds since the epoch (see sinceEpoch); every time and duration
+// is an exact integer below 2^53.
 //
 // State validity never depends on expiry: stale state (an old window, a
-// refilled bucket, a past arrival time) reads the same as no state, so a key
+// refilled bucket, a paid-back debt) reads the same as no state, so a key
 // that outlives its TTL, or a TTL that outlives its key, changes no answer.
 
-// state is one rule's state for one key. The fields each algorithm uses:
+// state is one policy's state for one key: three numbers whose meaning
+// depends on the algorithm. All are exact integers except where noted.
 //
-//	fixed_window            w window index, n count
-//	sliding_window_log      log entries, n their total cost
-//	sliding_window_counter  w current window index, n its count, p the previous window's count
-//	token_bucket            x tokens, t last update
-//	leaky_bucket            x level, t last update
-//	gcra                    x theoretical arrival time
-type state struct {
-	present bool
-	expires int64 // after this instant the state reads as none; only for sweeping
-	w, n, p int64
-	x       float64
-	t       int64
-	log     entryLog
-}
+//	fixed_window            a window index, b its count
+//	sliding_window_counter  a window index, b its count, c the previous window's count
+//	token_bucket            a last update, b tokens (fractional)
+//	leaky_bucket, gcra      a last update, b level (fractional)
+//
+// sliding_window_log keeps an entryLog instead.
+type state struct{ a, b, c float64 }
 
-// outcome is one rule's answer before it is known whether every rule of the
-// decision admits the request.
+// outcome is one policy's answer before it is known whether every policy of
+// the decision admits the request.
 type outcome struct {
 	// held is the answer if nothing is consumed: Allowed says whether
-	// this rule would admit the request; the counts describe the state as
-	// it is; RetryAfter is set when the rule denies.
+	// this policy would admit the request; the counts describe the state
+	// as it is; RetryAfter is set when the policy denies.
 	held Result
 	// taken is the answer once the request is admitted (when
 	// held.Allowed): the counts after consuming, and any Delay.
@@ -44,114 +40,94 @@ type outcome struct {
 	next state
 }
 
-// decide computes rule r's outcome at now for a request of the given cost
-// against s. It does not change what s means (it may drop expired log
-// entries). If every rule admits, commit(s, o.next, now, cost) records it.
-func (r *Rule) decide(s *state, now, cost int64) (o outcome) {
-	switch r.spec.Algorithm {
+// maxRetrySteps bounds the microseconds a retry-after estimate is raised by
+// when checked: the estimate is a ceiling of the exact wait, off by at most
+// a rounding.
+const maxRetrySteps = 4
+
+// decide computes p's outcome at now for a request of the given cost against
+// s, present or not. Sliding window logs use decideLog.
+func (p *Policy) decide(s *state, present bool, now, cost int64) (o outcome) {
+	switch p.spec.Algorithm {
 	case FixedWindow:
-		r.fixedWindow(s, now, cost, &o)
-	case SlidingWindowLog:
-		r.slidingLog(s, now, cost, &o)
+		p.fixedWindow(s, present, now, cost, &o)
 	case SlidingWindowCounter:
-		r.slidingCounter(s, now, cost, &o)
+		p.slidingCounter(s, present, now, cost, &o)
 	case TokenBucket:
-		r.tokenBucket(s, now, cost, &o)
-	case LeakyBucket:
-		r.leakyBucket(s, now, cost, &o)
-	case GCRA:
-		r.gcra(s, now, cost, &o)
+		p.tokenBucket(s, present, now, cost, &o)
+	case LeakyBucket, GCRA:
+		p.leakyBucket(s, present, now, cost, &o)
 	}
-	o.held.Limit = r.Capacity()
-	switch {
-	case o.held.Allowed:
-		o.taken.Allowed = true
-		o.taken.Limit = o.held.Limit
-	case cost > r.capacity:
-		o.held.Reason = ReasonCostTooHigh
-		o.held.RetryAfter = 0
-	default:
-		o.held.Reason = ReasonLimited
-	}
+	p.finish(&o, cost)
 	return o
 }
 
-// commit stores an admitted request's state.
-func (r *Rule) commit(s *state, next state, now, cost int64) {
-	if r.spec.Algorithm == SlidingWindowLog {
-		s.log.push(now, cost)
-		s.n += cost
-		s.present = true
-		s.expires = next.expires
-		return
+// finish fills what every algorithm's outcome shares.
+func (p *Policy) finish(o *outcome, cost int64) {
+	o.held.Limit = p.Capacity()
+	switch {
+	case cost > p.maxCost:
+		o.held.Allowed = false
+		o.held.Reason = ReasonCostTooHigh
+		o.held.RetryAfter = 0
+	case o.held.Allowed:
+		o.taken.Allowed = true
+		o.taken.Limit = o.held.Limit
+	default:
+		o.held.Reason = ReasonLimited
 	}
-	log := s.log
-	*s = next
-	s.log = log
 }
 
-func (r *Rule) fixedWindow(s *state, now, cost int64, o *outcome) {
-	W, L := r.window, r.spec.Limit
+func (p *Policy) fixedWindow(s *state, present bool, now, cost int64, o *outcome) {
+	W, L := p.window, p.spec.Limit
 	idx := now / W
 	var n int64
-	if s.present && s.w >= idx {
+	if present && int64(s.a) >= idx {
 		// A later window than now's means the clock stepped back:
 		// stay in the later window rather than open a fresh one.
-		idx, n = s.w, s.n
+		idx, n = int64(s.a), int64(s.b)
 	}
 	end := (idx+1)*W - now
 	o.held.Remaining = L - n
 	if n > 0 {
 		o.held.ResetAfter = micros(end)
 	}
-	if cost > r.capacity || n+cost > L {
+	if cost > p.maxCost || n+cost > L {
 		o.held.RetryAfter = micros(end)
 		return
 	}
 	o.held.Allowed = true
 	o.taken.Remaining = L - n - cost
 	o.taken.ResetAfter = micros(end)
-	o.next = state{present: true, expires: now + end, w: idx, n: n + cost}
+	o.next = state{a: float64(idx), b: float64(n + cost)}
 }
 
-func (r *Rule) slidingLog(s *state, now, cost int64, o *outcome) {
-	W, L := r.window, r.spec.Limit
-	if s.present {
-		s.n -= s.log.dropThrough(now - W)
-	}
-	n := s.n
-	o.held.Remaining = L - n
-	if n > 0 {
-		o.held.ResetAfter = micros(s.log.newest() + W - now)
-	}
-	if cost > r.capacity || n+cost > L {
-		// The oldest entries must leave until the request fits.
-		if ts, ok := s.log.freeing(n + cost - L); ok {
-			o.held.RetryAfter = micros(ts + W - now)
+// counterWindows reads a sliding_window_counter state at now: the current
+// window's index, its count and the previous window's count.
+func (p *Policy) counterWindows(s *state, present bool, now int64) (idx, cur, prev int64) {
+	idx = now / p.window
+	if present {
+		switch w := int64(s.a); {
+		case w >= idx:
+			idx, cur, prev = w, int64(s.b), int64(s.c)
+		case w == idx-1:
+			prev = int64(s.b)
 		}
-		return
 	}
-	o.held.Allowed = true
-	o.taken.Remaining = L - n - cost
-	o.taken.ResetAfter = micros(W)
-	o.next = state{expires: now + W}
+	return idx, cur, prev
 }
 
-func (r *Rule) slidingCounter(s *state, now, cost int64, o *outcome) {
-	W, L := r.window, r.spec.Limit
-	idx := now / W
-	var cur, prev int64
-	if s.present {
-		switch {
-		case s.w >= idx:
-			idx, cur, prev = s.w, s.n, s.p
-		case s.w == idx-1:
-			prev = s.n
-		}
-	}
+// counterEstimate is the sliding estimate e microseconds into a window.
+func counterEstimate(W, e, cur, prev int64) float64 {
+	return float64(float64(prev)*float64(W-e))/float64(W) + float64(cur)
+}
+
+func (p *Policy) slidingCounter(s *state, present bool, now, cost int64, o *outcome) {
+	W, L := p.window, p.spec.Limit
+	idx, cur, prev := p.counterWindows(s, present, now)
 	e := max(now-idx*W, 0) // elapsed in the current window
-	fW, fL := float64(W), float64(L)
-	est := float64(float64(prev)*float64(W-e))/fW + float64(cur)
+	fL := float64(L)
+	est := counterEstimate(W, e, cur, prev)
 	o.held.Remaining = max(int64(math.Floor(fL-est)), 0)
 	switch {
 	case cur > 0:
@@ -160,98 +136,141 @@ func (r *Rule) slidingCounter(s *state, now, cost int64, o *outcome) {
 		o.held.ResetAfter = micros(W - e)
 	}
 	switch {
-	case cost > r.capacity:
+	case cost > p.maxCost:
 	case est+float64(cost) <= fL:
 		o.held.Allowed = true
 		o.taken.Remaining = max(int64(math.Floor(fL-est-float64(cost))), 0)
 		o.taken.ResetAfter = micros(2*W - e)
-		o.next = state{present: true, expires: now + 2*W - e, w: idx, n: cur + cost, p: prev}
-	case cur+cost <= L:
-		// Only the previous window's weight must shrink: wait until
-		// prev·(W−e′)/W ≤ L−cur−cost.
-		at := fW - float64(float64(L-cur-cost)*fW)/float64(prev)
-		o.held.RetryAfter = micros(max(int64(math.Ceil(at-float64(e))), 1))
+		o.next = state{a: float64(idx), b: float64(cur + cost), c: float64(prev)}
 	default:
-		// Wait into the next window, where this window's count becomes
-		// the previous one: cur·(W−e″)/W ≤ L−cost.
-		at := fW - float64(float64(L-cost)*fW)/float64(cur)
-		o.held.RetryAfter = micros(W - e + max(int64(math.Ceil(at)), 0))
+		var wait int64
+		if cur+cost <= L {
+			// Only the previous window's weight must shrink: wait
+			// until prev·(W−e′)/W ≤ L−cur−cost.
+			at := float64(W) - float64(float64(L-cur-cost)*float64(W))/float64(prev)
+			wait = max(int64(math.Ceil(at-float64(e))), 1)
+		} else {
+			// Wait into the next window, where this window's count
+			// becomes the previous one: cur·(W−e″)/W ≤ L−cost.
+			at := float64(W) - float64(float64(L-cost)*float64(W))/float64(cur)
+			wait = W - e + max(int64(math.Ceil(at)), 0)
+		}
+		for i := 0; i < maxRetrySteps && !p.counterAdmits(s, present, now+wait, cost); i++ {
+			wait++
+		}
+		o.held.RetryAfter = micros(wait)
 	}
 }
 
-func (r *Rule) tokenBucket(s *state, now, cost int64, o *outcome) {
-	W, L, B := float64(r.window), float64(r.spec.Limit), float64(r.spec.Burst)
-	tokens := B
-	if s.present {
-		tokens = math.Min(B, s.x+float64(float64(max(now-s.t, 0))*L)/W)
+// counterAdmits reports whether the unchanged state admits cost at time at.
+func (p *Policy) counterAdmits(s *state, present bool, at, cost int64) bool {
+	idx, cur, prev := p.counterWindows(s, present, at)
+	e := max(at-idx*p.window, 0)
+	return counterEstimate(p.window, e, cur, prev)+float64(cost) <= float64(p.spec.Limit)
+}
+
+// tokensAt is a token bucket's tokens at now.
+func (p *Policy) tokensAt(s *state, present bool, now int64) float64 {
+	B := float64(p.spec.Burst)
+	if !present {
+		return B
 	}
+	refill := float64(float64(max(now-int64(s.a), 0))*float64(p.spec.Limit)) / float64(p.window)
+	return math.Min(B, s.b+refill)
+}
+
+// timeFor is the time, rounded up to a microsecond, that units take to refill
+// or drain at the policy's rate.
+func (p *Policy) timeFor(units float64) int64 {
+	return int64(math.Ceil(float64(units*float64(p.window)) / float64(p.spec.Limit)))
+}
+
+func (p *Policy) tokenBucket(s *state, present bool, now, cost int64, o *outcome) {
+	B := float64(p.spec.Burst)
+	tokens := p.tokensAt(s, present, now)
 	c := float64(cost)
 	o.held.Remaining = int64(math.Floor(tokens))
-	o.held.ResetAfter = micros(ceilMicros(float64((B-tokens)*W) / L))
-	if cost > r.capacity || tokens < c {
-		o.held.RetryAfter = micros(ceilMicros(float64((c-tokens)*W) / L))
+	o.held.ResetAfter = micros(p.timeFor(B - tokens))
+	if cost > p.maxCost {
+		return
+	}
+	if tokens < c {
+		wait := p.timeFor(c - tokens)
+		for i := 0; i < maxRetrySteps && p.tokensAt(s, present, now+wait) < c; i++ {
+			wait++
+		}
+		o.held.RetryAfter = micros(wait)
 		return
 	}
 	tokens -= c
-	full := ceilMicros(float64((B-tokens)*W) / L)
 	o.held.Allowed = true
 	o.taken.Remaining = int64(math.Floor(tokens))
-	o.taken.ResetAfter = micros(full)
-	o.next = state{present: true, expires: now + full, x: tokens, t: now}
+	o.taken.ResetAfter = micros(p.timeFor(B - tokens))
+	o.next = state{a: float64(now), b: tokens}
 }
 
-func (r *Rule) leakyBucket(s *state, now, cost int64, o *outcome) {
-	W, L, B := float64(r.window), float64(r.spec.Limit), float64(r.spec.Burst)
-	var level float64
-	if s.present {
-		level = math.Max(0, s.x-float64(float64(max(now-s.t, 0))*L)/W)
+// levelAt is a leaky bucket's level at now.
+func (p *Policy) levelAt(s *state, present bool, now int64) float64 {
+	if !present {
+		return 0
 	}
-	c := float64(cost)
+	drained := float64(float64(max(now-int64(s.a), 0))*float64(p.spec.Limit)) / float64(p.window)
+	return math.Max(0, s.b-drained)
+}
+
+// leakWait is how long a request of cost waits at the given level until
+// enough has drained for it to fit.
+func leakWait(level float64, cost int64, p *Policy) int64 {
+	over := level + float64(cost) - float64(p.spec.Burst)
+	if over <= 0 {
+		return 0
+	}
+	return p.timeFor(over)
+}
+
+// leakyBucket decides leaky_bucket and gcra. GCRA's theoretical arrival
+// time, less now, is the bucket's level in emission intervals: the two are
+// one algorithm, and counting the level in requests rather than the arrival
+// time in microseconds keeps every burst exact, however high the rate
+// (gcra has no delay).
+func (p *Policy) leakyBucket(s *state, present bool, now, cost int64, o *outcome) {
+	B := float64(p.spec.Burst)
+	level := p.levelAt(s, present, now)
 	o.held.Remaining = max(int64(math.Floor(B-level)), 0)
-	o.held.ResetAfter = micros(ceilMicros(float64(level*W) / L))
-	if cost > r.capacity {
+	o.held.ResetAfter = micros(p.timeFor(level))
+	if cost > p.maxCost {
 		return
 	}
-	// The request waits until enough has drained for it to fit.
-	var wait int64
-	if over := level + c - B; over > 0 {
-		wait = ceilMicros(float64(over*W) / L)
-	}
-	if wait > r.delay {
-		o.held.RetryAfter = micros(wait - r.delay)
+	wait := leakWait(level, cost, p)
+	if wait > p.delay {
+		retry := wait - p.delay
+		for i := 0; i < maxRetrySteps && leakWait(p.levelAt(s, present, now+retry), cost, p) > p.delay; i++ {
+			retry++
+		}
+		o.held.RetryAfter = micros(retry)
 		return
 	}
-	level += c
-	empty := ceilMicros(float64(level*W) / L)
+	level += float64(cost)
 	o.held.Allowed = true
-	o.taken.Remaining = max(int64(math.Floor(B-level)), 0)
-	o.taken.ResetAfter = micros(empty)
 	o.taken.Delay = micros(wait)
-	o.next = state{present: true, expires: now + empty, x: level, t: now}
+	o.taken.Remaining = max(int64(math.Floor(B-level)), 0)
+	o.taken.ResetAfter = micros(p.timeFor(level))
+	o.next = state{a: float64(now), b: level}
 }
 
-func (r *Rule) gcra(s *state, now, cost int64, o *outcome) {
-	T := float64(r.window) / float64(r.spec.Limit) // emission interval
-	tolerance := float64(T * float64(r.spec.Burst))
-	fnow := float64(now)
-	tat := fnow
-	if s.present {
-		tat = math.Max(s.x, fnow)
+// expiry is the time after which s reads the same as no state, for
+// sweeping and eviction.
+func (p *Policy) expiry(s *state) int64 {
+	W := p.window
+	switch p.spec.Algorithm {
+	case FixedWindow:
+		return (int64(s.a) + 1) * W
+	case SlidingWindowCounter:
+		return (int64(s.a) + 2) * W
+	case TokenBucket:
+		return int64(s.a) + p.timeFor(float64(p.spec.Burst)-s.b)
+	case LeakyBucket, GCRA:
+		return int64(s.a) + p.timeFor(s.b)
 	}
-	o.held.Remaining = max(int64(math.Floor((tolerance-(tat-fnow))/T)), 0)
-	o.held.ResetAfter = micros(ceilMicros(tat - fnow))
-	if cost > r.capacity {
-		return
-	}
-	newTAT := tat + float64(T*float64(cost))
-	if wait := newTAT - tolerance - fnow; wait > 0 {
-		o.held.RetryAfter = micros(ceilMicros(wait))
-		return
-	}
-	o.held.Allowed = true
-	o.taken.Remaining = max(int64(math.Floor((tolerance-(newTAT-fnow))/T)), 0)
-	o.taken.ResetAfter = micros(ceilMicros(newTAT - fnow))
-	o.next = state{present: true, expires: now + ceilMicros(newTAT-fnow), x: newTAT}
+	return 0
 }
-
-func ceilMicros(us float64) int64 { return int64(math.Ceil(us)) }

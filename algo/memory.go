@@ -2,23 +2,23 @@ package algo
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
-	"fmt"
 	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // MemoryOptions configures a Memory store. The zero value is usable.
 type MemoryOptions struct {
-	// MaxKeys bounds the number of (rule, key) states kept; when full, a
-	// new key evicts the state closest to expiring among a small random
-	// sample. Default 1,048,576.
+	// MaxKeys bounds the number of (policy, key) states kept. Live state
+	// is evicted only when the store as a whole holds MaxKeys states: then
+	// a new key takes the place of an expired state or, failing that, of
+	// the state closest to expiring among a small random sample. Default
+	// DefaultMemoryMaxKeys.
 	MaxKeys int
-	// Shards is the number of independently locked parts, rounded up to a
-	// power of two. Default 64.
-	Shards int
 	// SweepInterval is how often expired state is removed in the
 	// background. Default 10s; negative disables the sweeper (call Sweep).
 	SweepInterval time.Duration
@@ -28,15 +28,23 @@ type MemoryOptions struct {
 	Clock func() time.Time
 }
 
+// DefaultMemoryMaxKeys is the default bound of a Memory store.
+const DefaultMemoryMaxKeys = 1 << 20
+
 // Memory is the in-memory store: goroutine-safe, sharded, bounded. It is
 // the embedded store of a single instance, the local fallback when Redis
 // fails, and the reference the Lua script is tested against.
 type Memory struct {
-	clock    func() time.Time
-	seed     maphash.Seed
-	shards   []shard
-	mask     uint64
-	perShard int
+	clock   func() time.Time
+	seed    maphash.Seed
+	shards  []shard
+	mask    uint64
+	maxKeys int64
+	keys    atomic.Int64 // states held, across shards
+
+	regMu    sync.RWMutex
+	ids      map[*Policy]uint32
+	policies []*Policy // by id
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -44,32 +52,25 @@ type Memory struct {
 }
 
 type shard struct {
-	mu sync.Mutex
-	m  map[memKey]*state
-	_  [40]byte // keep neighbouring shards' locks off one cache line
+	mu   sync.Mutex
+	m    map[string]*state    // by memory key: policy id and tag
+	logs map[string]*entryLog // sliding window logs, by memory key
+	_    [32]byte             // keep neighbouring shards' locks off one cache line
 }
 
-type memKey struct {
-	rule *Rule
-	key  string
-}
-
-// evictSample is how many states a full shard looks at to choose a victim.
+// evictSample is how many states a full store looks at to choose a victim.
 const evictSample = 8
-
-// maxRulesPerDecision bounds the rules in one decision for both stores.
-const maxRulesPerDecision = 64
 
 // NewMemory returns a memory store. Close it to stop its sweeper.
 func NewMemory(opts MemoryOptions) *Memory {
 	if opts.MaxKeys <= 0 {
-		opts.MaxKeys = 1 << 20
+		opts.MaxKeys = DefaultMemoryMaxKeys
 	}
-	if opts.Shards <= 0 {
-		opts.Shards = 64
-	}
+	// About 4096 states a shard, up to 64 shards: few shards keep the
+	// eviction sample meaningful in a small store, many keep lock
+	// contention low in a large one.
 	n := 1
-	for n < opts.Shards {
+	for n < 64 && n*4096 < opts.MaxKeys {
 		n <<= 1
 	}
 	if opts.SweepInterval == 0 {
@@ -80,16 +81,18 @@ func NewMemory(opts MemoryOptions) *Memory {
 		opts.Clock = func() time.Time { return start.Add(time.Since(start)) }
 	}
 	m := &Memory{
-		clock:    opts.Clock,
-		seed:     maphash.MakeSeed(),
-		shards:   make([]shard, n),
-		mask:     uint64(n - 1),
-		perShard: max(opts.MaxKeys/n, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		clock:   opts.Clock,
+		seed:    maphash.MakeSeed(),
+		shards:  make([]shard, n),
+		mask:    uint64(n - 1),
+		maxKeys: int64(opts.MaxKeys),
+		ids:     map[*Policy]uint32{},
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	for i := range m.shards {
-		m.shards[i].m = make(map[memKey]*state)
+		m.shards[i].m = make(map[string]*state)
+		m.shards[i].logs = make(map[string]*entryLog)
 	}
 	if opts.SweepInterval > 0 {
 		go m.sweepEvery(opts.SweepInterval)
@@ -101,6 +104,48 @@ func NewMemory(opts MemoryOptions) *Memory {
 
 // ErrClosed is returned by a store used after Close.
 var ErrClosed = errors.New("store closed")
+
+// memKey is a state's key in a shard: the policy's id in this store, then
+// the key tag. It lives on the stack; maps are read with string(k.bytes()),
+// which does not allocate.
+type memKey struct {
+	b [4 + hashedTagLen + maxPlainKey]byte
+	n uint8
+}
+
+func (k *memKey) bytes() []byte { return k.b[:k.n] }
+
+// id returns p's id in this store, registering it on first use.
+func (m *Memory) id(p *Policy) uint32 {
+	m.regMu.RLock()
+	id, ok := m.ids[p]
+	m.regMu.RUnlock()
+	if ok {
+		return id
+	}
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	if id, ok := m.ids[p]; ok {
+		return id
+	}
+	id = uint32(len(m.policies))
+	m.ids[p] = id
+	m.policies = append(m.policies, p)
+	return id
+}
+
+func (m *Memory) policy(k string) *Policy {
+	id := binary.LittleEndian.Uint32([]byte(k[:4]))
+	m.regMu.RLock()
+	defer m.regMu.RUnlock()
+	return m.policies[id]
+}
+
+func (m *Memory) makeKey(k *memKey, q *Request) uint64 {
+	binary.LittleEndian.PutUint32(k.b[:4], m.id(q.Policy))
+	k.n = uint8(4 + copy(k.b[4:], q.Key))
+	return maphash.Bytes(m.seed, k.bytes()) & m.mask
+}
 
 // Decide implements the decision for the memory store: see Redis.Decide
 // for the contract, which both stores share.
@@ -116,167 +161,245 @@ func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool
 		return false, ErrClosed
 	default:
 	}
-	now := m.clock().UnixMicro()
+	now := sinceEpoch(m.clock())
 	if len(reqs) == 1 {
-		return m.decideOne(reqs[0], &res[0], now), nil
+		var k memKey
+		sh := &m.shards[m.makeKey(&k, &reqs[0])]
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return m.decideIn(reqs, res, now, []*shard{sh}, []memKey{k}), nil
 	}
 
+	var keyBuf [8]memKey
+	var shardBuf [8]*shard
+	var orderBuf [8]uint64
+	keys, shards, order := keyBuf[:0], shardBuf[:0], orderBuf[:0]
+	if len(reqs) > len(keyBuf) {
+		keys, shards, order = make([]memKey, 0, len(reqs)), make([]*shard, 0, len(reqs)), make([]uint64, 0, len(reqs))
+	}
+	for i := range reqs {
+		keys = append(keys, memKey{})
+		s := m.makeKey(&keys[i], &reqs[i])
+		shards = append(shards, &m.shards[s])
+		order = append(order, s)
+	}
 	// Lock every shard the decision touches, in ascending order so that
 	// concurrent decisions cannot deadlock.
-	var keyBuf [8]memKey
-	var shardBuf, orderBuf [8]uint64
-	keys, shards := keyBuf[:0], shardBuf[:0]
-	for _, q := range reqs {
-		k := memKey{q.Rule, memoryTag(q.Key)}
-		keys = append(keys, k)
-		shards = append(shards, maphash.String(m.seed, k.key)&m.mask)
-	}
-	order := append(orderBuf[:0], shards...)
 	slices.Sort(order)
 	order = slices.Compact(order)
-	for _, i := range order {
-		m.shards[i].mu.Lock()
+	for _, s := range order {
+		m.shards[s].mu.Lock()
 	}
 	defer func() {
-		for _, i := range order {
-			m.shards[i].mu.Unlock()
+		for _, s := range order {
+			m.shards[s].mu.Unlock()
 		}
 	}()
+	return m.decideIn(reqs, res, now, shards, keys), nil
+}
 
-	var outBuf [8]outcome
-	var stateBuf [8]*state
-	out, states := outBuf[:0], stateBuf[:0]
-	if len(reqs) > len(outBuf) {
-		out, states = make([]outcome, 0, len(reqs)), make([]*state, 0, len(reqs))
+// decideIn decides reqs with their shards locked: every policy decides,
+// then, all or nothing, every allowing policy consumes.
+func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*shard, keys []memKey) bool {
+	type pending struct {
+		o             outcome
+		s             *state
+		l             *entryLog
+		first         int
+		before, at    int64
+		admits, isLog bool
+	}
+	var buf [8]pending
+	ps := buf[:0]
+	if len(reqs) > len(buf) {
+		ps = make([]pending, 0, len(reqs))
 	}
 	all := true
-	for i, q := range reqs {
-		s := m.shards[shards[i]].m[keys[i]]
-		var o outcome
-		if s == nil {
-			var absent state
-			o = q.Rule.decide(&absent, now, q.EffectiveCost())
+	for i := range reqs {
+		q := &reqs[i]
+		sh, k := shards[i], keys[i].bytes()
+		cost := q.EffectiveCost()
+		var p pending
+		if q.Policy.spec.Algorithm == SlidingWindowLog {
+			p.isLog = true
+			p.l = sh.logs[string(k)]
+			var empty entryLog
+			l := p.l
+			if l == nil {
+				l = &empty
+			}
+			p.o, p.first, p.before, p.at = q.Policy.decideLog(l, now, cost)
 		} else {
-			o = q.Rule.decide(s, now, q.EffectiveCost())
+			p.s = sh.m[string(k)]
+			if p.s == nil {
+				var absent state
+				p.o = q.Policy.decide(&absent, false, now, cost)
+			} else {
+				p.o = q.Policy.decide(p.s, true, now, cost)
+			}
 		}
-		out, states = append(out, o), append(states, s)
-		all = all && (o.held.Allowed || q.Shadow)
+		p.admits = p.o.held.Allowed
+		all = all && (p.admits || q.Shadow)
+		ps = append(ps, p)
 	}
-	for i, q := range reqs {
-		// All or nothing: a denial by an enforcing rule consumes
-		// nothing anywhere; a request admitted counts in every rule
-		// that allows it, shadow rules included.
-		if !all || !out[i].held.Allowed {
-			res[i] = out[i].held
+	// All or nothing: a denial by an enforcing policy consumes nothing
+	// anywhere; an admitted request counts in every policy that allows
+	// it, shadow policies included. States that exist are updated before
+	// new ones are inserted, so that an insertion into a full store never
+	// evicts a state this decision is still writing.
+	for i := range reqs {
+		p := &ps[i]
+		if !all || !p.admits {
+			res[i] = p.o.held
 			continue
 		}
-		s := states[i]
-		if s == nil {
-			s = m.shards[shards[i]].insert(keys[i], m.perShard, now)
+		res[i] = p.o.taken
+		switch {
+		case p.isLog && p.l != nil:
+			p.l.push(p.first, p.before, p.at, reqs[i].EffectiveCost())
+		case !p.isLog && p.s != nil:
+			*p.s = p.o.next
 		}
-		q.Rule.commit(s, out[i].next, now, q.EffectiveCost())
-		res[i] = out[i].taken
 	}
-	return all, nil
-}
-
-// decideOne is Decide for the common single rule: one shard, one lock.
-func (m *Memory) decideOne(q Request, res *Result, now int64) bool {
-	k := memKey{q.Rule, memoryTag(q.Key)}
-	sh := &m.shards[maphash.String(m.seed, k.key)&m.mask]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	s := sh.m[k]
-	var o outcome
-	if s == nil {
-		var absent state
-		o = q.Rule.decide(&absent, now, q.EffectiveCost())
-	} else {
-		o = q.Rule.decide(s, now, q.EffectiveCost())
+	if !all {
+		return false
 	}
-	if !o.held.Allowed {
-		*res = o.held
-		return q.Shadow
+	for i := range reqs {
+		p := &ps[i]
+		if !p.admits {
+			continue
+		}
+		sh, k := shards[i], keys[i].bytes()
+		switch {
+		case p.isLog && p.l == nil:
+			l := &entryLog{}
+			l.push(p.first, p.before, p.at, reqs[i].EffectiveCost())
+			m.insert(sh, k, nil, l, now)
+		case !p.isLog && p.s == nil:
+			s := new(state)
+			*s = p.o.next
+			m.insert(sh, k, s, nil, now)
+		}
 	}
-	if s == nil {
-		s = sh.insert(k, m.perShard, now)
-	}
-	q.Rule.commit(s, o.next, now, q.EffectiveCost())
-	*res = o.taken
-	return true
-}
-
-// memoryTag is keyTag without the cost of hashing keys that need none: the
-// memory store has no hash slots, only a bound on key length.
-func memoryTag(key string) string {
-	if plainKey(key) {
-		return key
-	}
-	return keyTag(key)
+	return all
 }
 
 // checkRequests validates a decision's input for both stores.
 func checkRequests(reqs []Request, res []Result) error {
 	switch {
 	case len(reqs) == 0:
-		return invalid("no rules to decide")
-	case len(reqs) > maxRulesPerDecision:
-		return invalid("%d rules in one decision; the maximum is %d", len(reqs), maxRulesPerDecision)
+		return invalid("no policies to decide")
+	case len(reqs) > MaxRules:
+		return invalid("%d policies in one decision; the maximum is %d", len(reqs), MaxRules)
 	case len(res) < len(reqs):
 		return invalid("%d results for %d requests", len(res), len(reqs))
 	}
-	for i, q := range reqs {
-		if q.Rule == nil {
-			return invalid("request %d has no rule", i)
+	for i := range reqs {
+		q := &reqs[i]
+		if q.Policy == nil {
+			return invalid("request %d has no policy", i)
 		}
 		if q.Cost < 0 || q.Cost > MaxLimit {
-			return fmt.Errorf("rule %q: cost: %w", q.Rule.spec.Name, invalid("%d is not in 1..%d", q.Cost, int64(MaxLimit)))
+			return invalid("policy %q: cost %d is not in 1..%d", q.Policy.spec.Name, q.Cost, int64(MaxLimit))
 		}
-		for _, p := range reqs[:i] {
-			if p.Rule == q.Rule {
-				return invalid("rule %q appears twice in one decision", q.Rule.spec.Name)
+		if !validTag(q.Key) {
+			return invalid("policy %q: key %.40q is not a key tag (see AppendTag)", q.Policy.spec.Name, q.Key)
+		}
+		for j := range reqs[:i] {
+			if reqs[j].Policy == q.Policy {
+				return invalid("policy %q appears twice in one decision", q.Policy.spec.Name)
 			}
 		}
 	}
 	return nil
 }
 
-// insert adds an empty state for k, first making room within limit: it
-// drops expired states among a random sample, or else the one closest to
-// expiring. Go's map iteration starts at a random place, which makes the
-// sample random.
-func (sh *shard) insert(k memKey, limit int, now int64) *state {
-	if len(sh.m) >= limit {
-		var victim memKey
-		soonest, seen := int64(0), 0
-		for k, s := range sh.m {
-			if s.expires <= now {
-				delete(sh.m, k)
-			} else if seen == 0 || s.expires < soonest {
-				victim, soonest = k, s.expires
-			}
-			if seen++; seen == evictSample {
+// insert adds a state (s) or a log (l) for k to sh, first making room if the
+// store is full: an expired state or log of this shard among a random sample
+// (Go's map iteration starts at a random place), else the one closest to
+// expiring; a shard with nothing to give takes from another.
+func (m *Memory) insert(sh *shard, k []byte, s *state, l *entryLog, now int64) {
+	if m.keys.Add(1) > m.maxKeys {
+		if !m.evictFrom(sh, now) {
+			m.evictElsewhere(sh, now)
+		}
+	}
+	if l != nil {
+		sh.logs[string(k)] = l
+	} else {
+		sh.m[string(k)] = s
+	}
+}
+
+// evictFrom removes one state of sh, which the caller holds locked.
+func (m *Memory) evictFrom(sh *shard, now int64) bool {
+	var victim string
+	var victimLog bool
+	soonest, seen := int64(0), 0
+	consider := func(k string, exp int64, isLog bool) bool {
+		if seen == 0 || exp < soonest {
+			victim, victimLog, soonest = k, isLog, exp
+		}
+		seen++
+		return exp <= now || seen >= evictSample
+	}
+	for k, s := range sh.m {
+		if consider(k, m.policy(k).expiry(s), false) {
+			break
+		}
+	}
+	if seen == 0 || soonest > now && seen < evictSample {
+		for k, l := range sh.logs {
+			ts, _ := l.newest()
+			if consider(k, ts+m.policy(k).window, true) {
 				break
 			}
 		}
-		if len(sh.m) >= limit {
-			delete(sh.m, victim)
+	}
+	if seen == 0 {
+		return false
+	}
+	if victimLog {
+		delete(sh.logs, victim)
+	} else {
+		delete(sh.m, victim)
+	}
+	m.keys.Add(-1)
+	return true
+}
+
+// evictElsewhere evicts from any other shard it can lock without waiting,
+// so that two inserting goroutines never wait on each other's shards.
+func (m *Memory) evictElsewhere(held *shard, now int64) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		if sh == held || !sh.mu.TryLock() {
+			continue
+		}
+		ok := m.evictFrom(sh, now)
+		sh.mu.Unlock()
+		if ok {
+			return
 		}
 	}
-	s := new(state)
-	sh.m[k] = s
-	return s
 }
 
 // Sweep removes expired state now.
 func (m *Memory) Sweep() {
-	now := m.clock().UnixMicro()
+	now := sinceEpoch(m.clock())
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for k, s := range sh.m {
-			if s.expires <= now {
+			if m.policy(k).expiry(s) <= now {
 				delete(sh.m, k)
+				m.keys.Add(-1)
+			}
+		}
+		for k, l := range sh.logs {
+			if ts, ok := l.newest(); !ok || ts+m.policy(k).window <= now {
+				delete(sh.logs, k)
+				m.keys.Add(-1)
 			}
 		}
 		sh.mu.Unlock()
@@ -284,16 +407,7 @@ func (m *Memory) Sweep() {
 }
 
 // Len returns the number of states held.
-func (m *Memory) Len() int {
-	n := 0
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		n += len(sh.m)
-		sh.mu.Unlock()
-	}
-	return n
-}
+func (m *Memory) Len() int { return int(m.keys.Load()) }
 
 func (m *Memory) sweepEvery(interval time.Duration) {
 	defer close(m.done)

@@ -2,13 +2,11 @@ package algo
 
 import (
 	"context"
-	"crypto/rand"
+	"crypto/sha1"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,229 +14,279 @@ import (
 	"github.com/authlimit/authlimit/scripts"
 )
 
-// Redis is the Redis store: a decision is one call of scripts/decide.lua, one
-// round trip whatever the number of rules, atomic because Redis runs a script
-// without interleaving other commands.
+// Redis is the Redis store. Concurrent decisions share the wire: each
+// Decide queues its request, and a few workers, each with one connection at
+// a time, take whatever is queued when they are free and decide it all in
+// one call of scripts/decide.lua. At low load a request goes out at once,
+// alone; at high load one write and one read carry many requests, and Redis
+// runs one script for all of them, each request still decided all or
+// nothing, atomically, since Redis runs a script without interleaving other
+// commands.
 //
 // Redis Cluster runs a script only on keys of one hash slot. All keys of one
-// rule and key share a slot, and so do all rules that limit the same key
-// (see StorageKey): 1/min + 5/h + 10/day on one phone number is one call in a
-// cluster too. A decision whose keys span slots (a per-IP rule with a global
-// rule, say) is split by slot: one call per slot, all in parallel. If one
-// slot denies while another admitted, scripts/refund.lua takes the admitted
-// slots' consumption back, so the decision still consumes nothing; in the
-// moment between the two, another request may see the briefly consumed
-// quota. Only a cluster client (*redis.ClusterClient) is split.
+// policy and key share a slot, and so do all policies that limit the same
+// key (see appendStorageKey): 1/min + 5/h + 10/day on one phone number is
+// one atomic call in a cluster too. A batch goes out as one call per slot,
+// all pipelined. A request whose keys span slots (a per-IP policy with a
+// global one, say) is decided by one call per slot; if one slot denies while
+// another admitted, scripts/refund.lua takes the admitted slots' consumption
+// back, so the request still consumes nothing; in the moment between the
+// two, another request may see the briefly consumed quota. Only a cluster
+// client (*redis.ClusterClient) is split.
 type Redis struct {
-	client  redis.Scripter
-	cluster bool
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // nil unless client is one
 	prefix  string
-	decide  *redis.Script
-	refund  *redis.Script
+	timeout time.Duration
+	conns   int
+	batch   int
+	onLost  func(n int, err error)
 
-	nonce string        // random per store, so members differ across replicas
-	seq   atomic.Uint64 // and per call within one store
+	decideSHA, refundSHA string
 
-	// clock, when set, pins the script's time. Only tests set it;
-	// production always lets the script read Redis TIME.
+	regMu    sync.RWMutex
+	ids      map[*Policy]uint16
+	policies []*Policy // by id
+
+	nodeMu    sync.RWMutex
+	nodes     map[string]int // cluster primary address → shard number
+	nodeAddrs []string       // by shard number
+	slotKeys  *slotKeys
+
+	queue   chan *call
+	refunds chan []refund
+	owed    sync.WaitGroup // refunds queued or being applied
+	calls   sync.Pool
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closed  sync.Once
+
+	// clock, when set, pins the scripts' time. Only tests set it;
+	// production always lets the scripts read Redis TIME.
 	clock func() time.Time
 }
 
-// NewRedis returns a store that keeps its state in client under keys that
-// start with prefix and a colon.
-func NewRedis(client redis.Scripter, prefix string) *Redis {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
-	_, cluster := client.(*redis.ClusterClient)
-	return &Redis{
-		client:  client,
-		cluster: cluster,
-		prefix:  prefix,
-		decide:  redis.NewScript(scripts.Decide),
-		refund:  redis.NewScript(scripts.Refund),
-		nonce:   hex.EncodeToString(b[:]),
-	}
+// RedisOptions configures a Redis store.
+type RedisOptions struct {
+	// Prefix starts every key, followed by a colon. Required.
+	Prefix string
+	// Timeout is the budget of one decision: a Decide not answered within
+	// it returns an error wrapping context.DeadlineExceeded, however far
+	// the batch it rides in has got. Zero leaves only ctx's deadline.
+	Timeout time.Duration
+	// Conns is how many batches may be on the wire at once: the workers,
+	// each holding one pooled connection while its batch is out. The
+	// client's pool should hold at least Conns + 2 connections (for pings
+	// and refunds). Default DefaultRedisConns.
+	Conns int
+	// MaxBatch bounds the requests of one script call. Default 128.
+	MaxBatch int
+	// OnRefundLost is told about refunds that could not be applied after
+	// retries (Redis Cluster only): n rules still count a request that was
+	// denied. Default: nothing.
+	OnRefundLost func(n int, err error)
 }
 
-// Load loads the scripts into Redis (every primary, for a cluster client), so
-// the first decision needs no fallback from EVALSHA to EVAL. Decide works
-// without it: it falls back to EVAL when Redis answers NOSCRIPT.
-func (r *Redis) Load(ctx context.Context) error {
-	for _, s := range []*redis.Script{r.decide, r.refund} {
-		if err := s.Load(ctx, r.client).Err(); err != nil {
-			return fmt.Errorf("load script: %w", err)
+// DefaultRedisConns is the default of RedisOptions.Conns.
+const DefaultRedisConns = 4
+
+var (
+	// errBudget is the error of a decision whose budget passed.
+	errBudget = fmt.Errorf("redis decide: budget passed: %w", context.DeadlineExceeded)
+	errClosed = fmt.Errorf("redis decide: %w", ErrClosed)
+)
+
+// NewRedis returns a store that keeps its state in client under keys that
+// start with opts.Prefix and a colon, and starts its workers. Call Warm
+// before serving, and Close when done.
+func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
+	if opts.Conns <= 0 {
+		opts.Conns = DefaultRedisConns
+	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 128
+	}
+	if opts.OnRefundLost == nil {
+		opts.OnRefundLost = func(int, error) {}
+	}
+	r := &Redis{
+		client:    client,
+		prefix:    opts.Prefix,
+		timeout:   opts.Timeout,
+		conns:     opts.Conns,
+		batch:     opts.MaxBatch,
+		onLost:    opts.OnRefundLost,
+		decideSHA: digest(scripts.Decide),
+		refundSHA: digest(scripts.Refund),
+		ids:       map[*Policy]uint16{},
+		nodes:     map[string]int{},
+		queue:     make(chan *call, 64*opts.MaxBatch),
+		refunds:   make(chan []refund, 1024),
+		stop:      make(chan struct{}),
+	}
+	r.cluster, _ = client.(*redis.ClusterClient)
+	r.calls.New = func() any {
+		c := &call{done: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
+		c.timer.Stop()
+		return c
+	}
+	for i := 0; i < r.conns; i++ {
+		r.wg.Add(1)
+		go r.work()
+	}
+	if r.cluster != nil {
+		r.wg.Add(1)
+		go r.refundLoop()
+	}
+	return r
+}
+
+func digest(src string) string {
+	sum := sha1.Sum([]byte(src))
+	return hex.EncodeToString(sum[:])
+}
+
+// Warm makes the store ready to decide without delay: it loads the scripts
+// into Redis (every primary, for a cluster) and opens Conns connections (to
+// every primary), so that the first burst of requests neither dials nor
+// falls back from EVALSHA to EVAL. Decide works without it.
+func (r *Redis) Warm(ctx context.Context) error {
+	load := func(ctx context.Context, c *redis.Client) error {
+		for _, src := range []string{scripts.Decide, scripts.Refund} {
+			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+				return fmt.Errorf("load script: %w", err)
+			}
+		}
+		// Pings from concurrent goroutines make the pool dial.
+		errs := make(chan error, r.conns)
+		for i := 0; i < r.conns; i++ {
+			go func() { errs <- c.Ping(ctx).Err() }()
+		}
+		var err error
+		for i := 0; i < r.conns; i++ {
+			err = errors.Join(err, <-errs)
+		}
+		return err
+	}
+	if r.cluster != nil {
+		return r.cluster.ForEachMaster(ctx, load)
+	}
+	c, ok := r.client.(*redis.Client)
+	if !ok {
+		return fmt.Errorf("redis warm: unsupported client %T", r.client)
+	}
+	return load(ctx, c)
+}
+
+// Ping reports whether Redis answers (every primary, for a cluster).
+func (r *Redis) Ping(ctx context.Context) error {
+	if r.cluster != nil {
+		return r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.Ping(ctx).Err()
+		})
+	}
+	return r.client.Ping(ctx).Err()
+}
+
+// Close stops the workers; decisions still queued fail with ErrClosed. It
+// does not close the client. It is safe to call more than once.
+func (r *Redis) Close() error {
+	r.closed.Do(func() { close(r.stop) })
+	r.wg.Wait()
+	for {
+		select {
+		case c := <-r.queue:
+			r.complete(c, errClosed)
+		default:
+			return nil
 		}
 	}
-	return nil
 }
 
-// Decide evaluates reqs as one request: every rule that is not a shadow
-// admits it and then every allowing rule consumes its cost, or nothing is
-// consumed anywhere. It writes one Result per request into res, which must be
-// at least as long as reqs, and reports whether the request is admitted. Each
-// rule may appear once. An error means no decision was made: Redis failed or
-// timed out (bound ctx with a deadline), or the requests were invalid
+// id returns p's id in this store, registering it on first use.
+func (r *Redis) id(p *Policy) (uint16, error) {
+	r.regMu.RLock()
+	id, ok := r.ids[p]
+	r.regMu.RUnlock()
+	if ok {
+		return id, nil
+	}
+	r.regMu.Lock()
+	defer r.regMu.Unlock()
+	if id, ok := r.ids[p]; ok {
+		return id, nil
+	}
+	if len(r.policies) > 0xffff {
+		return 0, fmt.Errorf("redis decide: more than %d policies", 0xffff)
+	}
+	id = uint16(len(r.policies))
+	r.ids[p] = id
+	r.policies = append(r.policies, p)
+	return id, nil
+}
+
+func (r *Redis) policy(id uint16) *Policy {
+	r.regMu.RLock()
+	defer r.regMu.RUnlock()
+	return r.policies[id]
+}
+
+// Decide evaluates reqs as one request: every policy that is not a shadow
+// admits it and then every allowing policy consumes its cost, or nothing is
+// consumed anywhere. It writes one Result per request into res, which must
+// be at least as long as reqs, and reports whether the request is admitted.
+// Each policy may appear once. An error means no decision is known: Redis
+// failed, or the budget or ctx's deadline passed first (the request may
+// still be decided, and consume, in Redis), or the requests were invalid
 // (wrapping ErrInvalid); res is then undefined.
 func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool, error) {
 	if err := checkRequests(reqs, res); err != nil {
 		return false, err
 	}
-	if r.cluster {
-		if groups := bySlot(reqs); len(groups) > 1 {
-			return r.decideSplit(ctx, reqs, res, groups)
+	c := r.calls.Get().(*call)
+	if err := r.encode(ctx, c, reqs); err != nil {
+		r.calls.Put(c)
+		return false, err
+	}
+	wait := r.timeout
+	if d, ok := ctx.Deadline(); ok && (wait == 0 || time.Until(d) < wait) {
+		wait = time.Until(d)
+	}
+	c.deadline = time.Now().Add(wait)
+	c.timer.Reset(wait)
+	select {
+	case r.queue <- c:
+	case <-c.timer.C:
+		r.calls.Put(c)
+		return false, errBudget
+	case <-ctx.Done():
+		c.timer.Stop()
+		r.calls.Put(c)
+		return false, fmt.Errorf("redis decide: %w", ctx.Err())
+	case <-r.stop:
+		c.timer.Stop()
+		r.calls.Put(c)
+		return false, errClosed
+	}
+	select {
+	case <-c.done:
+		c.timer.Stop()
+	case <-c.timer.C:
+		if c.abandon() {
+			return false, errBudget
 		}
-	}
-	c := r.newCall(reqs)
-	ok, _, err := r.run(ctx, c, reqs, res)
-	return ok, err
-}
-
-// call is one script call's arguments.
-type call struct {
-	keys []string
-	args []any // args[0] is the pinned time, args[1] the nonce
-}
-
-func (r *Redis) newCall(reqs []Request) call {
-	c := call{
-		keys: make([]string, 0, len(reqs)+1),
-		args: make([]any, 0, 2+8*len(reqs)),
-	}
-	pinned := ""
-	if r.clock != nil {
-		pinned = strconv.FormatInt(r.clock().UnixMicro(), 10)
-	}
-	c.args = append(c.args, pinned, r.nonce+strconv.FormatUint(r.seq.Add(1), 36))
-	for _, q := range reqs {
-		key := q.Rule.StorageKey(r.prefix, q.Key)
-		c.keys = append(c.keys, key)
-		if q.Rule.spec.Algorithm == SlidingWindowLog {
-			c.keys = append(c.keys, key+":n")
+		<-c.done
+	case <-ctx.Done():
+		c.timer.Stop()
+		if c.abandon() {
+			return false, fmt.Errorf("redis decide: %w", ctx.Err())
 		}
-		s := q.Rule.spec
-		shadow := 0
-		if q.Shadow {
-			shadow = 1
-		}
-		c.args = append(c.args, int(s.Algorithm), s.Limit, q.Rule.window, s.Burst, q.Rule.delay, q.EffectiveCost(), q.Rule.capacity, shadow)
+		<-c.done
 	}
-	return c
-}
-
-// run calls decide.lua and parses its reply into res. It returns whether the
-// request was admitted and the script's time.
-func (r *Redis) run(ctx context.Context, c call, reqs []Request, res []Result) (bool, int64, error) {
-	reply, err := r.decide.Run(ctx, r.client, c.keys, c.args...).Int64Slice()
-	if err != nil {
-		return false, 0, fmt.Errorf("redis decide: %w", err)
+	defer r.calls.Put(c)
+	if c.err != nil {
+		return false, c.err
 	}
-	if len(reply) != 2+6*len(reqs) {
-		return false, 0, fmt.Errorf("redis decide: reply has %d values, want %d", len(reply), 2+6*len(reqs))
-	}
-	for i, q := range reqs {
-		v := reply[2+6*i:]
-		if v[5] < int64(ReasonNone) || v[5] > int64(ReasonCostTooHigh) {
-			return false, 0, fmt.Errorf("redis decide: unknown reason %d", v[5])
-		}
-		res[i] = Result{
-			Allowed:    v[0] == 1,
-			Limit:      q.Rule.Capacity(),
-			Remaining:  v[1],
-			ResetAfter: micros(v[2]),
-			RetryAfter: micros(v[3]),
-			Delay:      micros(v[4]),
-			Reason:     Reason(v[5]),
-		}
-	}
-	return reply[0] == 1, reply[1], nil
-}
-
-// decideSplit decides a request whose keys span cluster slots: one call per
-// slot in parallel, then refunds if some slot denied while others admitted.
-func (r *Redis) decideSplit(ctx context.Context, reqs []Request, res []Result, groups [][]int) (bool, error) {
-	type part struct {
-		reqs     []Request
-		res      []Result
-		call     call
-		admitted bool
-		at       int64
-		err      error
-	}
-	parts := make([]part, len(groups))
-	var wg sync.WaitGroup
-	for g, idx := range groups {
-		p := &parts[g]
-		for _, i := range idx {
-			p.reqs = append(p.reqs, reqs[i])
-		}
-		p.res = make([]Result, len(idx))
-		p.call = r.newCall(p.reqs)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.admitted, p.at, p.err = r.run(ctx, p.call, p.reqs, p.res)
-		}()
-	}
-	wg.Wait()
-
-	admitted := true
-	var errs []error
-	for _, p := range parts {
-		admitted = admitted && p.admitted && p.err == nil
-		if p.err != nil {
-			errs = append(errs, p.err)
-		}
-	}
-	if !admitted {
-		// Take back what the admitting slots consumed. This must
-		// happen even if the caller's deadline passed.
-		refundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		for g := range parts {
-			p := &parts[g]
-			if p.err != nil || !p.admitted {
-				continue
-			}
-			if err := r.refundPart(refundCtx, p.call, p.at, p.reqs, p.res); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if len(errs) > 0 {
-		return false, errors.Join(errs...)
-	}
-	for g, idx := range groups {
-		for j, i := range idx {
-			res[i] = parts[g].res[j]
-		}
-	}
-	return admitted, nil
-}
-
-// refundPart refunds the rules of one admitted part that consumed, and turns
-// their results back into the unconsumed view.
-func (r *Redis) refundPart(ctx context.Context, c call, at int64, reqs []Request, res []Result) error {
-	var keys []string
-	args := []any{at, c.args[1]}
-	k := 0
-	for i, q := range reqs {
-		n := 1
-		if q.Rule.spec.Algorithm == SlidingWindowLog {
-			n = 2
-		}
-		if res[i].Allowed {
-			keys = append(keys, c.keys[k:k+n]...)
-			args = append(args, c.args[2+8*i:2+8*i+8]...)
-			res[i].Remaining = min(res[i].Remaining+q.EffectiveCost(), res[i].Limit)
-			res[i].Delay = 0
-		}
-		k += n
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	if err := r.refund.Run(ctx, r.client, keys, args...).Err(); err != nil {
-		return fmt.Errorf("redis refund: %w", err)
-	}
-	return nil
+	copy(res, c.res[:len(reqs)])
+	return c.admitted, nil
 }

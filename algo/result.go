@@ -2,39 +2,41 @@ package algo
 
 import "time"
 
-// Request asks one rule about one key.
+// Request asks one policy about one key.
 type Request struct {
-	// Rule is the rule to apply.
-	Rule *Rule
-	// Key is what the rule limits, such as a client IP or an API key, in
-	// any bytes: the stores make it safe (see StorageKey).
-	Key string
-	// Cost is the weight of the request; zero means the rule's Cost.
+	// Policy is the policy to apply.
+	Policy *Policy
+	// Key is what the policy limits, such as a client IP or an API key, as
+	// a key tag: AppendTag turns any bytes into one. The stores refuse a
+	// Key that is not a tag. Key may alias memory the caller reuses once
+	// Decide returns: stores copy what they keep.
+	Key []byte
+	// Cost is the weight of the request; zero means the policy's Cost.
 	Cost int64
-	// Shadow makes the rule advisory: it is decided, and it consumes when
+	// Shadow makes the policy advisory: it is decided, and it consumes when
 	// the request is admitted and it allows, but its denial does not deny
 	// the request.
 	Shadow bool
 }
 
-// EffectiveCost is the request's cost, or the rule's when it states none.
-func (q Request) EffectiveCost() int64 {
+// EffectiveCost is the request's cost, or the policy's when it states none.
+func (q *Request) EffectiveCost() int64 {
 	if q.Cost == 0 {
-		return q.Rule.spec.Cost
+		return q.Policy.spec.Cost
 	}
 	return q.Cost
 }
 
-// Reason says why a rule denied a request.
+// Reason says why a policy denied a request.
 type Reason uint8
 
 // The reasons. Their numeric values are part of the Lua script's reply.
 const (
-	// ReasonNone: the rule allows the request.
+	// ReasonNone: the policy allows the request.
 	ReasonNone Reason = iota
 	// ReasonLimited: the quota is used up; RetryAfter says until when.
 	ReasonLimited
-	// ReasonCostTooHigh: the request costs more than the rule can ever
+	// ReasonCostTooHigh: the request costs more than the policy can ever
 	// admit at once; retrying will not help and RetryAfter is zero.
 	ReasonCostTooHigh
 )
@@ -52,25 +54,26 @@ func (r Reason) String() string {
 	return "unknown"
 }
 
-// Result is one rule's answer to one request.
+// Result is one policy's answer to one request.
 type Result struct {
-	// Allowed reports whether this rule alone admits the request. In a
-	// decision that another rule denies, an allowing rule consumes nothing
-	// and its other fields describe its unchanged state.
+	// Allowed reports whether this policy alone admits the request. In a
+	// decision that another policy denies, an allowing policy consumes
+	// nothing and its other fields describe its unchanged state.
 	Allowed bool
-	// Reason is ReasonNone when Allowed, else why the rule denied.
+	// Reason is ReasonNone when Allowed, else why the policy denied.
 	Reason Reason
-	// Limit is the rule's capacity (Rule.Capacity).
+	// Limit is the policy's capacity (Policy.Capacity).
 	Limit int64
-	// Remaining is how many cost units the rule would still admit at once
-	// after this decision, never negative.
+	// Remaining is how many cost units the policy would still admit at
+	// once after this decision, never negative.
 	Remaining int64
-	// ResetAfter is the time until the rule's quota is entirely back, or,
-	// for the window algorithms, until the window that holds its last
+	// ResetAfter is the time until the policy's quota is entirely back,
+	// or, for the window algorithms, until the window that holds its last
 	// admission ends. Zero when nothing is used.
 	ResetAfter time.Duration
-	// RetryAfter is, when the rule denied with ReasonLimited, the time until
-	// a request of the same cost would pass; zero otherwise.
+	// RetryAfter is, when the policy denied with ReasonLimited, the time
+	// after which a request of the same cost passes if nothing else
+	// consumes meanwhile (waiting it always suffices); zero otherwise.
 	RetryAfter time.Duration
 	// Delay is, for a shaping leaky bucket that admitted the request, how
 	// long the caller should hold it before letting it through.
@@ -79,3 +82,12 @@ type Result struct {
 
 // micros converts microseconds to a Duration.
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// epochMicros is the origin of the stores' clocks, 2020-01-01T00:00:00Z, in
+// Unix microseconds: times are microseconds since then. Keeping them small
+// keeps every sum of a time and a duration an exact integer in a float64,
+// and window indexes short in storage. A clock before it reads as it.
+const epochMicros = 1577836800_000000
+
+// sinceEpoch converts a wall-clock time to the stores' microseconds.
+func sinceEpoch(t time.Time) int64 { return max(t.UnixMicro()-epochMicros, 0) }

@@ -52,7 +52,7 @@ func bothStores(t *testing.T, clock *fakeClock) []namedStore {
 	mem := NewMemory(MemoryOptions{Clock: clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { _ = mem.Close() })
 	srv := redistest.New(t)
-	rs := NewRedis(srv.Client(t), srv.Prefix(t))
+	rs := newRedis(t, srv.Client(t), srv.Prefix(t))
 	rs.clock = clock.Now
 	return []namedStore{{"memory", mem}, {"redis", rs}}
 }
@@ -72,14 +72,23 @@ func newRedisStore(t testing.TB, opts *redis.Options) (*Redis, *redis.Client, *r
 	opts.Addr, opts.Username, opts.Password, opts.DB = base.Addr, base.Username, base.Password, base.DB
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { _ = c.Close() })
-	return NewRedis(c, srv.Prefix(t)), c, srv
+	return newRedis(t, c, srv.Prefix(t)), c, srv
 }
 
-func mustRule(t testing.TB, s Spec) *Rule {
+// newRedis returns a Redis store with a generous budget (tests run on busy
+// machines) and closes it when t ends.
+func newRedis(t testing.TB, c redis.UniversalClient, prefix string) *Redis {
 	t.Helper()
-	r, err := NewRule(s)
+	rs := NewRedis(c, RedisOptions{Prefix: prefix, Timeout: 10 * time.Second})
+	t.Cleanup(func() { _ = rs.Close() })
+	return rs
+}
+
+func mustPolicy(t testing.TB, s Spec) *Policy {
+	t.Helper()
+	r, err := NewPolicy(s)
 	if err != nil {
-		t.Fatalf("NewRule(%+v): %v", s, err)
+		t.Fatalf("NewPolicy(%+v): %v", s, err)
 	}
 	return r
 }
@@ -88,7 +97,7 @@ func decideOne(t testing.TB, st decider, q Request) Result {
 	t.Helper()
 	var res [1]Result
 	if _, err := st.Decide(context.Background(), []Request{q}, res[:]); err != nil {
-		t.Fatalf("Decide(%s, %q): %v", q.Rule.Name(), q.Key, err)
+		t.Fatalf("Decide(%s, %q): %v", q.Policy.Name(), q.Key, err)
 	}
 	return res[0]
 }

@@ -1,7 +1,8 @@
-// Package handler is authlimit's HTTP endpoint: it turns a proxy's auth
-// subrequest into the rules that apply, their keys and costs, asks a store
-// for one atomic decision, and answers 200 or a denial with rate-limit
-// headers. It never knows which store it talks to.
+// Package handler is authlimit's HTTP endpoint: it reads a proxy's auth
+// subrequest into a rules.Request, finds the rules that apply, their keys
+// and costs, asks a Decider for one atomic decision, and answers 200 or a
+// denial with rate-limit headers. It never knows which store decides; on the
+// request path it allocates nothing.
 package handler
 
 import (
@@ -12,7 +13,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,98 +22,52 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/guard"
+	"github.com/authlimit/authlimit/rules"
 )
 
-// Decider decides the rules of one request atomically (algo.Redis and
-// algo.Memory are two).
+// Decider decides the policies of one request atomically: a guard.Guard, or
+// a store. guard.ErrFailedOpen and guard.ErrUnavailable are answers too.
 type Decider interface {
 	Decide(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error)
 }
 
-// Pinger reports whether a store answers.
-type Pinger interface {
-	Ping(ctx context.Context) error
+// Readier says whether decisions come from the store (see guard.Guard.Ready).
+type Readier interface {
+	Ready() (ready bool, detail string)
 }
 
-// FailMode is what happens when the store fails or times out.
-type FailMode uint8
-
-// The fail modes.
-const (
-	FailLocal  FailMode = iota // decide with the local in-memory store
-	FailOpen                   // allow
-	FailClosed                 // deny with 503
-)
-
-func (m FailMode) String() string {
-	switch m {
-	case FailOpen:
-		return "open"
-	case FailClosed:
-		return "closed"
-	}
-	return "local"
-}
-
-// ParseFailMode reads open, closed or local.
-func ParseFailMode(s string) (FailMode, error) {
-	for _, m := range []FailMode{FailOpen, FailClosed, FailLocal} {
-		if m.String() == s {
-			return m, nil
-		}
-	}
-	return 0, fmt.Errorf("unknown fail mode %q (want open, closed or local)", s)
-}
-
-// Options configure a Handler.
+// Options configure a Handler. The caller gives every value; the defaults
+// live with the configuration that reads them.
 type Options struct {
-	// Rules are the rules, in order.
-	Rules []*Rule
-	// Store decides. Required.
-	Store Decider
-	// Ping tells readiness whether Store answers; nil means always.
-	Ping Pinger
-	// Remote marks Store as a network store (Redis): decisions get the
-	// Timeout budget, the circuit breaker and the fail mode.
-	Remote bool
-	// FailMode applies when a remote store fails. FailLocal needs Local.
-	FailMode FailMode
-	// Local is the fallback store for FailLocal, usually algo.Memory.
-	Local Decider
-	// LocalDivisor divides every limit and burst for the fallback: the
-	// expected number of replicas deciding locally at once. Default 1.
-	LocalDivisor int
-	// Timeout is the budget of one remote decision. Default 50ms.
-	Timeout time.Duration
-	// BreakerFailures consecutive failures open the circuit for
-	// BreakerBackoff, doubling per failed probe up to BreakerMaxBackoff.
-	// Defaults 5, 1s, 30s.
-	BreakerFailures   int
-	BreakerBackoff    time.Duration
-	BreakerMaxBackoff time.Duration
-	// DenyCacheSize bounds the local deny cache; negative disables it.
-	// Default 100,000.
-	DenyCacheSize int
-	// TrustedProxies are passed over when finding the client in
-	// X-Forwarded-For; the X-Real-IP of a trusted peer is believed.
-	TrustedProxies []netip.Prefix
+	// Rules are the rules, in order. Required.
+	Rules []*rules.Rule
+	// Decider decides. Required.
+	Decider Decider
+	// Ready tells /readyz whether decisions come from the store; nil
+	// means always.
+	Ready Readier
+	// Proxies finds the client behind trusted proxies.
+	Proxies rules.Proxies
 	// AllowCIDRs are never limited; BlockCIDRs are always denied.
 	AllowCIDRs, BlockCIDRs []netip.Prefix
 	// IPv4Prefix and IPv6Prefix group addresses for the ip key part.
-	// Defaults 32 and 64.
 	IPv4Prefix, IPv6Prefix int
-	// DenyStatus is the status of a denial. Default 429.
+	// DenyStatus is the status of a denial, 400 to 599.
 	DenyStatus int
 	// Shadow makes every rule a shadow rule: nothing is denied.
 	Shadow bool
 	// MethodHeader, URIHeader and HostHeader name the headers that carry
-	// the original request's method, URI and host. Defaults
-	// X-Forwarded-Method, X-Forwarded-Uri, X-Forwarded-Host.
+	// the original request's method, URI and host.
 	MethodHeader, URIHeader, HostHeader string
+	// URLHeader, when set, names a header with the original request's
+	// absolute URL (ingress-nginx's X-Original-URL), read for the host
+	// and the URI before HostHeader and URIHeader.
+	URLHeader string
 	// Registry receives the metrics and serves /metrics. Default: a new
 	// registry.
 	Registry *prometheus.Registry
-	// Logger logs state changes. Default: discard.
+	// Logger logs failed decisions. Default: discard.
 	Logger *slog.Logger
 	// Clock returns the current time. Default time.Now.
 	Clock func() time.Time
@@ -124,18 +78,12 @@ type Options struct {
 // Handler answers auth subrequests, health and readiness checks and metric
 // scrapes. Build it with New.
 type Handler struct {
-	rules        []*Rule
-	policy       []string     // rules[i]'s RateLimit-Policy item
-	local        []*algo.Rule // rules[i]'s limit divided for the fallback
-	store        Decider
-	ping         Pinger
-	remote       bool
-	failMode     FailMode
-	fallback     Decider
-	timeout      time.Duration
-	breaker      *breaker
-	denies       *denyCache
-	ips          ipResolver
+	rules        []*rules.Rule
+	policy       [][]byte // rules[i]'s RateLimit-Policy item
+	names        [][]byte // rules[i]'s name, quoted for RateLimit
+	decider      Decider
+	ready        Readier
+	proxies      rules.Proxies
 	allow, block []netip.Prefix
 	v4, v6       int
 	denyStatus   int
@@ -143,6 +91,7 @@ type Handler struct {
 	methodHeader string
 	uriHeader    string
 	hostHeader   string
+	urlHeader    string
 	metrics      *metrics
 	serveMetrics fasthttp.RequestHandler
 	log          *slog.Logger
@@ -153,27 +102,25 @@ type Handler struct {
 
 // New validates opts and returns a Handler.
 func New(opts Options) (*Handler, error) {
-	if opts.Store == nil {
-		return nil, errors.New("handler: no store")
+	var errs []error
+	if opts.Decider == nil {
+		errs = append(errs, errors.New("handler: no decider"))
 	}
-	if opts.Remote && opts.FailMode == FailLocal && opts.Local == nil {
-		return nil, errors.New("handler: fail mode local needs a local store")
+	if len(opts.Rules) == 0 || len(opts.Rules) > algo.MaxRules {
+		errs = append(errs, fmt.Errorf("handler: %d rules; want 1 to %d", len(opts.Rules), algo.MaxRules))
 	}
-	if len(opts.Rules) == 0 {
-		return nil, errors.New("handler: no rules")
+	if opts.DenyStatus < 400 || opts.DenyStatus > 599 {
+		errs = append(errs, fmt.Errorf("handler: deny status %d is not 4xx or 5xx", opts.DenyStatus))
 	}
-	setDefault(&opts.LocalDivisor, 1)
-	setDefault(&opts.Timeout, 50*time.Millisecond)
-	setDefault(&opts.BreakerFailures, 5)
-	setDefault(&opts.BreakerBackoff, time.Second)
-	setDefault(&opts.BreakerMaxBackoff, 30*time.Second)
-	setDefault(&opts.DenyCacheSize, 100_000)
-	setDefault(&opts.IPv4Prefix, 32)
-	setDefault(&opts.IPv6Prefix, 64)
-	setDefault(&opts.DenyStatus, fasthttp.StatusTooManyRequests)
-	setDefault(&opts.MethodHeader, "X-Forwarded-Method")
-	setDefault(&opts.URIHeader, "X-Forwarded-Uri")
-	setDefault(&opts.HostHeader, "X-Forwarded-Host")
+	if opts.IPv4Prefix < 1 || opts.IPv4Prefix > 32 || opts.IPv6Prefix < 1 || opts.IPv6Prefix > 128 {
+		errs = append(errs, fmt.Errorf("handler: IP prefixes /%d and /%d are out of range", opts.IPv4Prefix, opts.IPv6Prefix))
+	}
+	if opts.MethodHeader == "" || opts.URIHeader == "" || opts.HostHeader == "" {
+		errs = append(errs, errors.New("handler: the method, URI and host headers need names"))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
@@ -186,15 +133,15 @@ func New(opts Options) (*Handler, error) {
 	if opts.Sleep == nil {
 		opts.Sleep = time.Sleep
 	}
+	m, err := newMetrics(opts.Registry, opts.Rules)
+	if err != nil {
+		return nil, err
+	}
 	h := &Handler{
 		rules:        opts.Rules,
-		store:        opts.Store,
-		ping:         opts.Ping,
-		remote:       opts.Remote,
-		failMode:     opts.FailMode,
-		fallback:     opts.Local,
-		timeout:      opts.Timeout,
-		ips:          ipResolver{trusted: opts.TrustedProxies},
+		decider:      opts.Decider,
+		ready:        opts.Ready,
+		proxies:      opts.Proxies,
 		allow:        opts.AllowCIDRs,
 		block:        opts.BlockCIDRs,
 		v4:           opts.IPv4Prefix,
@@ -204,74 +151,52 @@ func New(opts Options) (*Handler, error) {
 		methodHeader: opts.MethodHeader,
 		uriHeader:    opts.URIHeader,
 		hostHeader:   opts.HostHeader,
-		metrics:      newMetrics(opts.Registry),
+		urlHeader:    opts.URLHeader,
+		metrics:      m,
 		serveMetrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{})),
 		log:          opts.Logger,
 		clock:        opts.Clock,
 		sleep:        opts.Sleep,
 	}
 	for _, r := range opts.Rules {
-		s := r.Limit.Spec()
-		h.policy = append(h.policy, fmt.Sprintf(`"%s";q=%d;w=%d`, r.Name, s.Limit, ceilSeconds(s.Window, 1)))
-	}
-	if opts.DenyCacheSize > 0 {
-		h.denies = newDenyCache(opts.DenyCacheSize)
-	}
-	h.breaker = newBreaker(opts.BreakerFailures, opts.BreakerBackoff, opts.BreakerMaxBackoff, opts.Clock, h.circuitChanged)
-	if opts.Remote && opts.FailMode == FailLocal {
-		for _, r := range opts.Rules {
-			lr, err := divided(r.Limit, opts.LocalDivisor)
-			if err != nil {
-				return nil, fmt.Errorf("handler: rule %q divided by %d: %w", r.Name, opts.LocalDivisor, err)
-			}
-			h.local = append(h.local, lr)
-		}
+		s := r.Policy.Spec()
+		h.policy = append(h.policy, []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, r.Name, s.Limit, ceilSeconds(s.Window, 1))))
+		h.names = append(h.names, []byte(`"`+r.Name+`"`))
 	}
 	n := len(opts.Rules)
 	h.scratch.New = func() any {
-		return &scratch{reqs: make([]algo.Request, 0, n), res: make([]algo.Result, n), rules: make([]int, 0, n), keys: make([]string, 0, n)}
+		return &scratch{
+			reqs:  make([]algo.Request, 0, n),
+			res:   make([]algo.Result, n),
+			rules: make([]int, 0, n),
+			spans: make([]span, 0, n),
+			buf:   make([]byte, 0, 1024),
+			keys:  make([]byte, 0, 512),
+			tags:  make([]byte, 0, 512),
+			out:   make([]byte, 0, 512),
+		}
 	}
 	return h, nil
 }
 
-func setDefault[T comparable](v *T, d T) {
-	var zero T
-	if *v == zero {
-		*v = d
-	}
-}
-
-// divided returns r with its limit and burst divided by n, at least 1.
-func divided(r *algo.Rule, n int) (*algo.Rule, error) {
-	s := r.Spec()
-	s.Limit = max(s.Limit/int64(n), 1)
-	s.Burst = max(s.Burst/int64(n), 1)
-	if s.Algorithm != algo.TokenBucket && s.Algorithm != algo.LeakyBucket && s.Algorithm != algo.GCRA {
-		s.Burst = 0 // Spec fills it in; NewRule refuses it for the others
-	}
-	return algo.NewRule(s)
-}
-
-func (h *Handler) circuitChanged(from, to int32) {
-	h.metrics.circuitState.Set(float64(to))
-	h.metrics.circuitChanges.WithLabelValues(circuitName(to)).Inc()
-	level := slog.LevelWarn
-	if to == circuitClosed {
-		level = slog.LevelInfo
-	}
-	h.log.Log(context.Background(), level, "store circuit "+circuitName(to), "from", circuitName(from), "fail_mode", h.failMode.String())
-}
-
-// scratch is one request's working memory, pooled.
+// scratch is one request's working memory, pooled, so that a decision
+// allocates nothing.
 type scratch struct {
+	q     rules.Request
 	reqs  []algo.Request
 	res   []algo.Result
-	rules []int    // reqs[i] is for h.rules[rules[i]]
-	keys  []string // deny-cache keys, per request
+	rules []int  // reqs[i] is for h.rules[rules[i]]
+	spans []span // reqs[i].Key is tags[spans[i]]
+	buf   []byte // the normalized method, path, host and client key
+	keys  []byte // the rules' keys, one at a time
+	tags  []byte // the keys' tags
+	out   []byte // header values and bodies being written
 }
 
-// Serve routes: /auth decides, /healthz says alive, /readyz says whether the
-// store answers, /metrics serves Prometheus metrics.
+type span struct{ from, to int }
+
+// Serve routes: /auth decides, /healthz says alive, /readyz says whether
+// decisions come from the store, /metrics serves Prometheus metrics.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
 	case "/auth":
@@ -280,7 +205,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString("ok\n")
 	case "/readyz":
-		h.ready(ctx)
+		h.readyz(ctx)
 	case "/metrics":
 		h.serveMetrics(ctx)
 	default:
@@ -288,248 +213,197 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// ready answers 200 when the store answers, and also when it does not but
-// the fail mode still decides (open or local): then the body says so and
-// authlimit keeps serving. Only with fail mode closed does an unreachable
-// store make authlimit unready, since it could only answer 503.
-func (h *Handler) ready(ctx *fasthttp.RequestCtx) {
+// readyz answers 200 while decisions come from the store, and also when
+// they do not but the fail mode still decides (open or local): then the
+// body says so. Only when the fail mode could answer nothing but 503 is
+// authlimit not ready.
+func (h *Handler) readyz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/plain; charset=utf-8")
-	if h.ping == nil {
+	if h.ready == nil {
 		ctx.SetBodyString("ready\n")
 		return
 	}
-	c, cancel := context.WithTimeout(context.Background(), max(h.timeout, 250*time.Millisecond))
-	defer cancel()
-	err := h.ping.Ping(c)
-	switch {
-	case err == nil:
-		ctx.SetBodyString("ready\n")
-	case h.remote && h.failMode != FailClosed:
-		ctx.SetBodyString(fmt.Sprintf("degraded: store unreachable (%v); deciding with fail mode %s\n", err, h.failMode))
-	default:
+	ready, detail := h.ready.Ready()
+	if !ready {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		ctx.SetBodyString(fmt.Sprintf("not ready: store unreachable (%v)\n", err))
 	}
+	ctx.SetBodyString(detail + "\n")
 }
 
 // auth decides one subrequest.
 func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
+	sc := h.scratch.Get().(*scratch)
+	defer h.scratch.Put(sc)
 	hdr := &ctx.Request.Header
 	now := h.clock()
 	// Write header names as documented (X-RateLimit-Limit, not
 	// X-Ratelimit-Limit); HTTP does not care, people reading them do.
 	ctx.Response.Header.DisableNormalizing()
 
-	peer, _ := netip.AddrFromSlice(remoteIP(ctx))
-	ip := h.ips.clientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.Peek("X-Real-IP"), peer)
+	ip := h.proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.Peek("X-Real-IP"), peer(ctx))
 	if contains(h.block, ip) {
-		h.metrics.requests.WithLabelValues("blocked").Inc()
-		h.problem(ctx, h.denyStatus, "blocked", "The client address is blocked.", nil)
+		h.metrics.blocked.Inc()
+		h.problem(ctx, sc, h.denyStatus, "blocked", "The client address is blocked.", nil)
 		return
 	}
 	if contains(h.allow, ip) {
-		h.metrics.requests.WithLabelValues("allowlisted").Inc()
+		h.metrics.allowlisted.Inc()
 		return
 	}
+	h.read(ctx, sc, ip)
 
-	method := upperASCII(hdr.Peek(h.methodHeader))
-	if method == "" {
-		method = string(ctx.Method())
-	}
-	uri := hdr.Peek(h.uriHeader)
-	if len(uri) == 0 {
-		uri = ctx.Path()
-	}
-	path := normalizePath(uri)
-	hostRaw := hdr.Peek(h.hostHeader)
-	if len(hostRaw) == 0 {
-		hostRaw = hdr.Host()
-	}
-	host := normalizeHost(hostRaw)
-
-	sc := h.scratch.Get().(*scratch)
-	defer h.scratch.Put(sc)
-	sc.reqs, sc.rules, sc.keys = sc.reqs[:0], sc.rules[:0], sc.keys[:0]
-	var ipStr string
+	sc.reqs, sc.rules, sc.spans, sc.tags = sc.reqs[:0], sc.rules[:0], sc.spans[:0], sc.tags[:0]
 	for i, r := range h.rules {
-		if !r.matches(method, path, host) {
+		if !r.Match(&sc.q) {
 			continue
 		}
-		key, missing := h.key(r, hdr, ip, &ipStr, method, path, host)
-		if missing != "" {
+		var status rules.KeyStatus
+		var header string
+		sc.keys, status, header = r.AppendKey(sc.keys[:0], &sc.q)
+		switch status {
+		case rules.KeyMissing:
 			if r.DenyOnMissing {
-				h.metrics.requests.WithLabelValues("invalid").Inc()
-				h.problem(ctx, h.denyStatus, "missing-key", fmt.Sprintf("Rule %q needs the %s header.", r.Name, missing), nil)
+				h.metrics.invalid.Inc()
+				h.problem(ctx, sc, h.denyStatus, "missing-key", fmt.Sprintf("Rule %q needs the %s header.", r.Name, header), nil)
 				return
 			}
 			continue
+		case rules.KeyRepeated:
+			h.metrics.invalid.Inc()
+			h.problem(ctx, sc, h.denyStatus, "repeated-header", fmt.Sprintf("Rule %q counts by the %s header, which the request has more than once.", r.Name, header), nil)
+			return
 		}
-		var cost int64
-		if r.CostHeader != "" {
-			c, err := parseCost(hdr.Peek(r.CostHeader))
-			if err != nil {
-				h.metrics.requests.WithLabelValues("invalid").Inc()
-				h.problem(ctx, h.denyStatus, "invalid-cost", fmt.Sprintf("Rule %q: the %s header %v.", r.Name, r.CostHeader, err), nil)
-				return
-			}
-			cost = c
+		cost, cs := r.Cost(&sc.q)
+		switch cs {
+		case rules.CostMissing:
+			h.metrics.invalid.Inc()
+			h.problem(ctx, sc, h.denyStatus, "missing-cost", fmt.Sprintf("Rule %q needs the %s header.", r.Name, r.CostHeader), nil)
+			return
+		case rules.CostRepeated:
+			h.metrics.invalid.Inc()
+			h.problem(ctx, sc, h.denyStatus, "repeated-header", fmt.Sprintf("Rule %q reads its cost from the %s header, which the request has more than once.", r.Name, r.CostHeader), nil)
+			return
+		case rules.CostInvalid:
+			h.metrics.invalid.Inc()
+			h.problem(ctx, sc, h.denyStatus, "invalid-cost", fmt.Sprintf("Rule %q: the %s header is not a whole number from 0 to %d.", r.Name, r.CostHeader, int64(algo.MaxLimit)), nil)
+			return
 		}
-		sc.reqs = append(sc.reqs, algo.Request{Rule: r.Limit, Key: key, Cost: cost, Shadow: r.Shadow || h.shadow})
+		if cost == 0 && r.CostHeader != "" {
+			continue // an empty body counts nothing
+		}
+		from := len(sc.tags)
+		sc.tags = algo.AppendTag(sc.tags, sc.keys)
+		sc.spans = append(sc.spans, span{from, len(sc.tags)})
+		sc.reqs = append(sc.reqs, algo.Request{Policy: r.Policy, Cost: cost, Shadow: r.Shadow || h.shadow})
 		sc.rules = append(sc.rules, i)
 	}
 	if len(sc.reqs) == 0 {
-		h.metrics.requests.WithLabelValues("unmatched").Inc()
+		h.metrics.unmatched.Inc()
 		return
+	}
+	for i, s := range sc.spans {
+		sc.reqs[i].Key = sc.tags[s.from:s.to]
 	}
 	res := sc.res[:len(sc.reqs)]
-
-	if h.denies != nil && h.fromDenyCache(ctx, sc, res, now) {
-		return
-	}
-
-	admitted, err := h.decide(sc, res)
+	admitted, err := h.decider.Decide(context.Background(), sc.reqs, res)
 	switch {
-	case errors.Is(err, errUnavailable):
-		h.metrics.requests.WithLabelValues("unavailable").Inc()
+	case errors.Is(err, guard.ErrUnavailable):
+		h.metrics.unavailable.Inc()
 		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
-		h.problem(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "The rate-limit store is unavailable.", nil)
+		h.problem(ctx, sc, fasthttp.StatusServiceUnavailable, "unavailable", "The rate-limit store could not decide; retry shortly.", nil)
 		return
-	case errors.Is(err, errFailedOpen):
-		h.metrics.requests.WithLabelValues("allowed").Inc()
+	case errors.Is(err, guard.ErrFailedOpen):
+		h.metrics.allowed.Inc()
 		return
 	case err != nil:
 		h.log.Error("decide", "err", err)
-		h.metrics.requests.WithLabelValues("error").Inc()
-		h.problem(ctx, fasthttp.StatusInternalServerError, "error", "The decision failed.", nil)
+		h.metrics.errors.Inc()
+		h.problem(ctx, sc, fasthttp.StatusInternalServerError, "error", "The decision failed.", nil)
 		return
 	}
 	h.respond(ctx, sc, res, admitted, now)
 }
 
-// errUnavailable and errFailedOpen carry the fail mode's verdict.
-var (
-	errUnavailable = errors.New("store unavailable")
-	errFailedOpen  = errors.New("store unavailable: failing open")
-)
-
-// decide asks the store, within the budget and through the circuit breaker
-// when it is remote, and falls back to the fail mode when it cannot answer.
-func (h *Handler) decide(sc *scratch, res []algo.Result) (bool, error) {
-	reqs := sc.reqs
-	if !h.remote {
-		start := time.Now()
-		ok, err := h.store.Decide(context.Background(), reqs, res)
-		h.metrics.storeLatency.WithLabelValues("primary").Observe(time.Since(start).Seconds())
-		return ok, err
+// read fills sc.q from the request: the original method, path and host,
+// each normalized, and the client's key.
+func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) {
+	hdr := &ctx.Request.Header
+	buf := sc.buf[:0]
+	method := hdr.Peek(h.methodHeader)
+	if len(method) == 0 {
+		method = ctx.Method()
 	}
-	if h.breaker.allow() {
-		ctx, cancel := context.WithTimeout(context.Background(), h.timeout)
-		start := time.Now()
-		ok, err := h.store.Decide(ctx, reqs, res)
-		cancel()
-		h.metrics.storeLatency.WithLabelValues("primary").Observe(time.Since(start).Seconds())
-		if err == nil {
-			h.breaker.success()
-			return ok, nil
+	var uri, host []byte
+	if h.urlHeader != "" {
+		if hh, u, ok := rules.SplitURL(hdr.Peek(h.urlHeader)); ok {
+			host, uri = hh, u
 		}
-		if errors.Is(err, algo.ErrInvalid) {
-			return false, err
+	}
+	if uri == nil {
+		if uri = hdr.Peek(h.uriHeader); len(uri) == 0 {
+			uri = ctx.Path()
 		}
-		h.breaker.failure()
-		kind := "error"
-		if errors.Is(err, context.DeadlineExceeded) {
-			kind = "timeout"
+	}
+	if host == nil {
+		if host = hdr.Peek(h.hostHeader); len(host) == 0 {
+			host = hdr.Host()
 		}
-		h.metrics.storeErrors.WithLabelValues(kind).Inc()
-		h.log.Debug("store failed", "kind", kind, "err", err)
 	}
-	h.metrics.failMode.WithLabelValues(h.failMode.String()).Inc()
-	switch h.failMode {
-	case FailOpen:
-		return true, errFailedOpen
-	case FailClosed:
-		return false, errUnavailable
+	var at [4]int
+	buf = rules.AppendMethod(buf, method)
+	at[0] = len(buf)
+	buf = rules.AppendPath(buf, uri)
+	at[1] = len(buf)
+	buf = rules.AppendHost(buf, host)
+	at[2] = len(buf)
+	buf = rules.AppendClientKey(buf, ip, h.v4, h.v6)
+	at[3] = len(buf)
+	sc.buf = buf
+	sc.q = rules.Request{
+		Method:    buf[:at[0]],
+		Path:      buf[at[0]:at[1]],
+		Host:      buf[at[1]:at[2]],
+		ClientKey: buf[at[2]:at[3]],
+		Header:    hdr,
 	}
-	local := make([]algo.Request, len(reqs))
-	for i, q := range reqs {
-		local[i] = q
-		local[i].Rule = h.local[sc.rules[i]]
-	}
-	start := time.Now()
-	ok, err := h.fallback.Decide(context.Background(), local, res)
-	h.metrics.storeLatency.WithLabelValues("local").Observe(time.Since(start).Seconds())
-	return ok, err
 }
 
-// fromDenyCache answers from the deny cache when an enforcing rule's key
-// was denied moments ago and cannot pass yet.
-func (h *Handler) fromDenyCache(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.Result, now time.Time) bool {
-	hit := -1
-	for i, q := range sc.reqs {
-		key := q.Rule.StorageKey("", q.Key)
-		sc.keys = append(sc.keys, key)
-		if q.Shadow || hit >= 0 {
-			continue
-		}
-		if r, ok := h.denies.get(key, q.EffectiveCost(), now); ok {
-			res[i], hit = r, i
-		}
-	}
-	if hit < 0 {
-		return false
-	}
-	h.metrics.denyCacheHits.Inc()
-	// Only the cached rule's answer is known; the others consumed nothing
-	// and are reported as allowing.
-	for i, q := range sc.reqs {
-		if i != hit {
-			res[i] = algo.Result{Allowed: true, Limit: q.Rule.Capacity(), Remaining: q.Rule.Capacity()}
-		}
-	}
-	h.respond(ctx, sc, res[:len(sc.reqs)], false, now)
-	return true
-}
-
-// respond writes the answer: metrics, deny cache, headers and status.
+// respond writes the answer: metrics, headers and status.
 func (h *Handler) respond(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.Result, admitted bool, now time.Time) {
-	var violated []string
 	var retry, delay time.Duration
-	costTooHigh := false
+	costTooHigh, violated := false, 0
 	for i, r := range res {
-		q := sc.reqs[i]
-		name := h.rules[sc.rules[i]].Name
+		d := h.metrics.decisions[sc.rules[i]]
 		switch {
 		case r.Allowed:
-			h.metrics.decisions.WithLabelValues(name, "allowed").Inc()
+			d.allowed.Inc()
 			delay = max(delay, r.Delay)
-		case q.Shadow:
-			h.metrics.decisions.WithLabelValues(name, "shadow_denied").Inc()
+		case sc.reqs[i].Shadow:
+			d.shadowDenied.Inc()
 		default:
-			h.metrics.decisions.WithLabelValues(name, "denied").Inc()
-			violated = append(violated, name)
+			d.denied.Inc()
+			violated++
 			retry = max(retry, r.RetryAfter)
 			costTooHigh = costTooHigh || r.Reason == algo.ReasonCostTooHigh
-			if h.denies != nil {
-				h.denies.put(sc.keys[i], q.EffectiveCost(), r, now)
-			}
 		}
 	}
 	h.setHeaders(ctx, sc, res, admitted, now)
 	if admitted {
-		h.metrics.requests.WithLabelValues("allowed").Inc()
+		h.metrics.allowed.Inc()
 		if delay > 0 {
 			h.metrics.delay.Observe(delay.Seconds())
 			h.sleep(delay)
 		}
 		return
 	}
-	h.metrics.requests.WithLabelValues("denied").Inc()
+	h.metrics.denied.Inc()
 	if costTooHigh && retry == 0 {
-		h.problem(ctx, h.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.", violated)
+		h.problem(ctx, sc, h.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.", res)
 		return
 	}
-	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.FormatInt(ceilSeconds(retry, 1), 10))
-	h.problem(ctx, h.denyStatus, "rate-limited", "Too many requests.", violated)
+	sc.out = strconv.AppendInt(sc.out[:0], ceilSeconds(retry, 1), 10)
+	ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, sc.out)
+	h.problem(ctx, sc, h.denyStatus, "rate-limited", "Too many requests.", res)
 }
 
 // setHeaders writes X-RateLimit-* and RateLimit for the most restrictive
@@ -537,15 +411,15 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.Resu
 // Shadow rules stay out of the headers: they do not limit the client.
 func (h *Handler) setHeaders(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.Result, admitted bool, now time.Time) {
 	most := -1
-	var policy []byte
+	out := sc.out[:0]
 	for i, r := range res {
 		if sc.reqs[i].Shadow {
 			continue
 		}
-		if len(policy) > 0 {
-			policy = append(policy, ", "...)
+		if len(out) > 0 {
+			out = append(out, ", "...)
 		}
-		policy = append(policy, h.policy[sc.rules[i]]...)
+		out = append(out, h.policy[sc.rules[i]]...)
 		if most < 0 || moreRestrictive(r, res[most], admitted) {
 			most = i
 		}
@@ -553,13 +427,22 @@ func (h *Handler) setHeaders(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.R
 	if most < 0 {
 		return
 	}
-	r := res[most]
 	rh := &ctx.Response.Header
-	rh.Set("X-RateLimit-Limit", strconv.FormatInt(r.Limit, 10))
-	rh.Set("X-RateLimit-Remaining", strconv.FormatInt(r.Remaining, 10))
-	rh.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(time.Duration(now.UnixNano())+r.ResetAfter, 0), 10))
-	rh.SetBytesV("RateLimit-Policy", policy)
-	rh.Set("RateLimit", `"`+h.rules[sc.rules[most]].Name+`";r=`+strconv.FormatInt(r.Remaining, 10)+";t="+strconv.FormatInt(ceilSeconds(r.ResetAfter, 0), 10))
+	rh.SetBytesV("RateLimit-Policy", out)
+	r := res[most]
+	out = strconv.AppendInt(out[:0], r.Limit, 10)
+	rh.SetBytesV("X-RateLimit-Limit", out)
+	out = strconv.AppendInt(out[:0], r.Remaining, 10)
+	rh.SetBytesV("X-RateLimit-Remaining", out)
+	out = strconv.AppendInt(out[:0], ceilSeconds(time.Duration(now.UnixNano())+r.ResetAfter, 0), 10)
+	rh.SetBytesV("X-RateLimit-Reset", out)
+	out = append(out[:0], h.names[sc.rules[most]]...)
+	out = append(out, ";r="...)
+	out = strconv.AppendInt(out, r.Remaining, 10)
+	out = append(out, ";t="...)
+	out = strconv.AppendInt(out, ceilSeconds(r.ResetAfter, 0), 10)
+	rh.SetBytesV("RateLimit", out)
+	sc.out = out
 }
 
 // moreRestrictive orders rules for the headers: on a denial, a denying rule
@@ -585,153 +468,55 @@ func ceilSeconds(d time.Duration, floor int64) int64 {
 }
 
 // problem writes an application/problem+json denial (RFC 9457) naming the
-// violated rules.
-func (h *Handler) problem(ctx *fasthttp.RequestCtx, status int, kind, detail string, violated []string) {
+// violated rules: those of res that denied and are not shadows.
+func (h *Handler) problem(ctx *fasthttp.RequestCtx, sc *scratch, status int, kind, detail string, res []algo.Result) {
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/problem+json")
-	b := make([]byte, 0, 256)
+	b := sc.out[:0]
 	b = append(b, `{"type":"urn:authlimit:`...)
 	b = append(b, kind...)
-	b = append(b, `","title":`...)
-	b = strconv.AppendQuote(b, fasthttp.StatusMessage(status))
-	b = append(b, `,"status":`...)
+	b = append(b, `","title":"`...)
+	b = append(b, fasthttp.StatusMessage(status)...)
+	b = append(b, `","status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)
 	b = appendJSONString(b, detail)
-	if violated != nil {
+	if res != nil {
 		b = append(b, `,"violated-policies":[`...)
-		for i, v := range violated {
-			if i > 0 {
+		first := true
+		for i, r := range res {
+			if r.Allowed || sc.reqs[i].Shadow {
+				continue
+			}
+			if !first {
 				b = append(b, ',')
 			}
-			b = appendJSONString(b, v)
+			first = false
+			b = append(b, h.names[sc.rules[i]]...)
 		}
 		b = append(b, ']')
 	}
 	b = append(b, "}\n"...)
 	ctx.SetBody(b)
+	sc.out = b
 }
 
 // appendJSONString quotes s for JSON; rule and header names are ASCII
 // tokens, but detail may carry anything.
 func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
 	b = append(b, '"')
-	for _, c := range []byte(s) {
-		switch {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
 		case c == '"' || c == '\\':
 			b = append(b, '\\', c)
 		case c < 0x20 || c >= 0x7f:
-			b = append(b, fmt.Sprintf(`\u%04x`, c)...)
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
 		default:
 			b = append(b, c)
 		}
 	}
 	return append(b, '"')
-}
-
-// matches reports whether the rule applies to a request.
-func (r *Rule) matches(method, path, host string) bool {
-	if len(r.Methods) > 0 {
-		found := false
-		for _, m := range r.Methods {
-			if m == method {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	if r.Host != "" {
-		if sub, ok := strings.CutPrefix(r.Host, "*."); ok {
-			if !strings.HasSuffix(host, "."+sub) {
-				return false
-			}
-		} else if host != r.Host {
-			return false
-		}
-	}
-	if r.PathPrefix != "" && !pathHasPrefix(path, r.PathPrefix) {
-		return false
-	}
-	if r.PathRegexp != nil && !r.PathRegexp.MatchString(path) {
-		return false
-	}
-	return true
-}
-
-// pathHasPrefix matches whole segments: "/login" covers "/login" and
-// "/login/x" but not "/logins"; a prefix ending in "/" is a plain prefix.
-func pathHasPrefix(path, prefix string) bool {
-	if !strings.HasPrefix(path, prefix) {
-		return false
-	}
-	return len(path) == len(prefix) || strings.HasSuffix(prefix, "/") || path[len(prefix)] == '/'
-}
-
-// key builds the rule's key from the request. A single part is its value
-// as it is; several are each prefixed with their length, so no two
-// different requests share a key. It returns the name of a header that a
-// key part needs and the request lacks.
-func (h *Handler) key(r *Rule, hdr *fasthttp.RequestHeader, ip netip.Addr, ipStr *string, method, path, host string) (string, string) {
-	var b strings.Builder
-	for _, p := range r.Key {
-		var v string
-		switch p.Kind {
-		case PartIP:
-			if *ipStr == "" {
-				*ipStr = ipKey(ip, h.v4, h.v6)
-			}
-			v = *ipStr
-		case PartHeader:
-			vals := hdr.PeekAll(p.Header)
-			if len(vals) == 0 || len(vals) == 1 && len(vals[0]) == 0 {
-				return "", p.Header
-			}
-			// Every value counts, so that a client sending a header
-			// twice gets a key of its own, not someone else's.
-			parts := make([]string, len(vals))
-			for i, val := range vals {
-				parts[i] = string(val)
-			}
-			v = strings.Join(parts, ", ")
-		case PartHost:
-			v = host
-		case PartMethod:
-			v = method
-		case PartPath:
-			v = path
-		case PartGlobal:
-			v = "*"
-		}
-		if len(r.Key) == 1 {
-			return v, ""
-		}
-		b.WriteString(strconv.Itoa(len(v)))
-		b.WriteByte(':')
-		b.WriteString(v)
-		b.WriteByte('|')
-	}
-	return b.String(), ""
-}
-
-// parseCost reads a cost header: absent or empty means the rule's own cost
-// (returned as 0); otherwise a whole number from 1 to algo.MaxLimit.
-func parseCost(v []byte) (int64, error) {
-	if len(v) == 0 {
-		return 0, nil
-	}
-	n, err := strconv.ParseInt(string(v), 10, 64)
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("is not a whole number")
-	case n < 1:
-		return 0, fmt.Errorf("is not positive")
-	case n > algo.MaxLimit:
-		return 0, fmt.Errorf("is above %d", int64(algo.MaxLimit))
-	}
-	return n, nil
 }
 
 func contains(ps []netip.Prefix, a netip.Addr) bool {
@@ -743,16 +528,13 @@ func contains(ps []netip.Prefix, a netip.Addr) bool {
 	return false
 }
 
-func upperASCII(b []byte) string {
-	if len(b) > 32 {
-		b = b[:32] // no method is longer; keep a huge header cheap
-	}
-	return strings.ToUpper(string(b))
-}
-
-func remoteIP(ctx *fasthttp.RequestCtx) net.IP {
+// peer returns the TCP peer's address; an in-memory or Unix-socket peer is
+// local.
+func peer(ctx *fasthttp.RequestCtx) netip.Addr {
 	if a, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
-		return a.IP
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			return ip
+		}
 	}
-	return net.IPv4(127, 0, 0, 1) // an in-memory or Unix-socket peer is local
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
 }

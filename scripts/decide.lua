@@ -1,56 +1,80 @@
--- decide.lua decides every rule of one request at once, all or nothing: if
--- any rule denies, no rule consumes anything. It is algo/eval.go in Lua, step
--- for step and in the same order of floating-point operations; the
--- differential test in package algo holds the two to identical answers.
+#!lua
+-- decide.lua decides a batch of requests in one call. Each request is
+-- decided all or nothing, in order: if any of its rules denies, none of its
+-- rules consumes anything, and a later request of the batch sees what an
+-- earlier one consumed. It is algo/eval.go and algo/log.go in Lua, step for
+-- step and in the same order of floating-point operations; the differential
+-- test in package algo holds the two to identical answers.
 --
--- KEYS: per rule, in order, its state key; a sliding_window_log rule passes
---       two: the sorted set of its admissions, then the total of their costs.
---       All keys of one rule share a hash tag, so they share a cluster slot.
--- ARGV[1]: the time in Unix microseconds, or "" to read Redis TIME.
---          Production always sends "", so replicas with skewed clocks agree;
---          only tests pin the time.
--- ARGV[2]: a nonce unique to this call across every replica; it makes
---          sliding_window_log members unique within a microsecond.
--- ARGV[3..]: per rule 8 values: algorithm (1 fixed_window,
---          2 sliding_window_log, 3 sliding_window_counter, 4 token_bucket,
---          5 leaky_bucket, 6 gcra), limit, window (us), burst, delay (us),
---          cost, max cost (the largest cost the rule can ever admit),
---          shadow (1: the rule's denial does not deny the request).
--- Reply: {admitted (1 or 0), the time used (us), then per rule 6 integers:
---        allowed (1 or 0), remaining, reset after (us), retry after (us),
---        delay (us), reason (0 none, 1 limited, 2 cost too high)}.
---        The request is admitted when every rule that is not a shadow
---        allows; then every allowing rule consumes and answers with its
---        counts after consuming. Otherwise nothing is consumed and the
---        counts are those that stand.
+-- KEYS: none with a standalone or Sentinel client (the keys are in ARGV[1]);
+--       in Redis Cluster, every key of the batch, all of one hash slot, so
+--       the cluster routes the call and checks the slot. The script reads
+--       its keys from ARGV[1] either way.
+-- ARGV[1]: the batch, little-endian binary (struct formats in brackets):
+--   header   [d] the time in µs since 2020-01-01T00:00:00Z, or -1 to read
+--                Redis TIME (production always reads TIME, so replicas with
+--                skewed clocks agree; only tests pin the time)
+--            [H] the number of requests, [H] the number of policies,
+--            [B] flags: 1 = reply with a refund token per rule
+--   policies per policy: [H] id, [B] algorithm (1 fixed_window,
+--            2 sliding_window_log, 3 sliding_window_counter, 4 token_bucket,
+--            5 leaky_bucket, 6 gcra), [d] limit, [d] window (µs),
+--            [d] burst, [d] delay (µs), [d] max cost (the largest cost the
+--            policy ever admits)
+--   requests per request: [B] the number of rules, then per rule: [H] the
+--            policy id, [B] shadow (1: its denial does not deny),
+--            [d] cost, [H] key length and the key
+-- Reply: a binary string, per request [B] admitted (1 or 0), then per rule
+--   [B] allowed (1 or 0), [B] reason (0 none, 1 limited, 2 cost too high),
+--   [d] remaining, [d] reset after (µs), [d] retry after (µs), [d] delay
+--   (µs), and with flag 1 [d] a refund token for refund.lua.
+--   An admitted request's allowing rules answer with their counts after
+--   consuming; otherwise every rule answers with the counts that stand.
 --
--- State, by algorithm:
---   fixed_window            hash w (window index), n (count)
---   sliding_window_log      sorted set of "<cost>:<nonce>" scored by time,
---                           and a string holding the total cost
---   sliding_window_counter  hash w (current window index), n (its count),
---                           p (the previous window's count)
---   token_bucket            hash x (tokens), t (last update)
---   leaky_bucket            hash x (level), t (last update)
---   gcra                    string: the theoretical arrival time
--- Fractional values are written with %.17g, which gives a double back
--- exactly (tostring keeps 14 digits). Every write sets an expiry: the time
--- until the state reads the same as no state. A denial writes nothing.
+-- State, by algorithm, each in one key that expires when its state no longer
+-- matters (hex integers are written with %x):
+--   fixed_window            string "<window index>:<count>" in hex
+--   sliding_window_counter  string "<window index>:<count>:<previous count>"
+--   token_bucket            string [dd]: last update (µs), tokens
+--   leaky_bucket, gcra      string [dd]: last update (µs), level
+--   sliding_window_log      sorted set: per admission, scored by its time, a
+--                           member that is the running total of costs up to
+--                           and including it (14 hex digits, so that members
+--                           of one time sort in order), and a first member
+--                           "00000000000000" scored -inf. The entry at or
+--                           before the window's edge with the greatest time
+--                           is always kept, so the window holds the newest
+--                           total minus that entry's total, found in
+--                           O(log n) however long the log.
+-- Every value is computed and checked before the first write, so a call
+-- never fails halfway; a key of the wrong type reads as no state and is
+-- replaced. Numbers passed to Redis are formatted with %d: Lua's own
+-- conversion keeps only 14 digits.
 
+local sunpack, spack = struct.unpack, struct.pack
+local sub, format, find = string.sub, string.format, string.find
 local floor, ceil, min, max, fmod = math.floor, math.ceil, math.min, math.max, math.fmod
+local call, pcall = redis.call, redis.pcall
 
-local pinned = ARGV[1] ~= ''
-local now
-if pinned then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
+local REBASE = 4503599627370496 -- 2^52: a log's totals restart below this
+local SWEEP = 64 -- left-behind log entries removed per admission, at most
+local RETRY_STEPS = 4
+
+local blob = ARGV[1]
+local now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
+local pinned = now >= 0
+if not pinned then
+  local t = call('TIME')
+  now = max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH, 0)
 end
-local nonce = ARGV[2]
+local tokens_wanted = flags % 2 == 1
 
-local function num(x)
-  return string.format('%.17g', x)
+local PA, PL, PW, PB, PD, PM = {}, {}, {}, {}, {}, {}
+for _ = 1, npol do
+  local id, a, L, W, B, D, M
+  id, a, L, W, B, D, M, pos = sunpack('<HBddddd', blob, pos)
+  PA[id], PL[id], PW[id], PB[id], PD[id], PM[id] = a, L, W, B, D, M
 end
 
 -- ttl turns microseconds of relevance into a key expiry in milliseconds.
@@ -61,261 +85,324 @@ local function ttl(us)
   if pinned then
     ms = ms + 3600000
   end
-  return ms
+  return format('%d', ms)
 end
 
-local function window_index(w)
-  return (now - fmod(now, w)) / w
+local function time_for(units, W, L)
+  return ceil(units * W / L)
 end
 
-local algorithms = {}
+-- hexes reads "a:b" or "a:b:c"; nil if v is not such a string.
+local function hexes(v)
+  if type(v) ~= 'string' then
+    return nil
+  end
+  local i = find(v, ':', 1, true)
+  if not i then
+    return nil
+  end
+  local j = find(v, ':', i + 1, true)
+  local a, b, c
+  if j then
+    a, b, c = tonumber(sub(v, 1, i - 1), 16), tonumber(sub(v, i + 1, j - 1), 16), tonumber(sub(v, j + 1), 16)
+  else
+    a, b, c = tonumber(sub(v, 1, i - 1), 16), tonumber(sub(v, i + 1), 16), 0
+  end
+  if a and b and c then
+    return a, b, c
+  end
+  return nil
+end
 
-algorithms[1] = function(r) -- fixed_window
-  local W, L = r.W, r.L
-  local idx, n = window_index(W), 0
-  local st = redis.call('HMGET', r.key, 'w', 'n')
-  if st[1] then
-    local w = tonumber(st[1])
-    if w >= idx then
-      -- A later window than now's: the clock stepped back.
-      idx, n = w, tonumber(st[2])
-    end
+-- pair reads a [dd] state; nil if v is not one.
+local function pair(v)
+  if type(v) ~= 'string' or #v ~= 16 then
+    return nil
+  end
+  return sunpack('<dd', v)
+end
+
+-- Per rule of the request being decided: what it answers, and what it
+-- writes if the request is admitted. Reused for every request.
+local key, alg, cost, shadow, cap = {}, {}, {}, {}, {}
+local ok, hrem, hreset, hretry, trem, treset, tdelay = {}, {}, {}, {}, {}, {}, {}
+local wval, wttl, token = {}, {}, {}
+local lat, lfresh, lrank, ltotal = {}, {}, {}, {}
+
+local function fixed_window(i, W, L)
+  local idx, n = (now - fmod(now, W)) / W, 0
+  local w, c = hexes(pcall('GET', key[i]))
+  if w and w >= idx then
+    -- A later window than now's: the clock stepped back.
+    idx, n = w, c
   end
   local ending = (idx + 1) * W - now
-  r.remaining = L - n
+  hrem[i] = L - n
   if n > 0 then
-    r.reset = ending
+    hreset[i] = ending
   end
-  if r.cost > r.cap or n + r.cost > L then
-    r.retry = ending
+  if cost[i] > cap[i] or n + cost[i] > L then
+    hretry[i] = ending
     return
   end
-  r.allowed, r.t_remaining, r.t_reset = 1, L - n - r.cost, ending
-  r.write = function()
-    redis.call('HSET', r.key, 'w', num(idx), 'n', num(n + r.cost))
-    redis.call('PEXPIRE', r.key, ttl(ending))
-  end
+  ok[i], trem[i], treset[i] = 1, L - n - cost[i], ending
+  wval[i], wttl[i], token[i] = format('%x:%x', idx, n + cost[i]), ttl(ending), idx
 end
 
-local function log_cost(member)
-  return tonumber(string.match(member, '^(%d+):'))
-end
-
-algorithms[2] = function(r) -- sliding_window_log
-  local W, L = r.W, r.L
-  local edge = now - W
-  local n = 0
-  local live = redis.call('ZCARD', r.key)
-  local gone = {}
-  if live > 0 then
-    n = tonumber(redis.call('GET', r.key2) or '0')
-    gone = redis.call('ZRANGEBYSCORE', r.key, '-inf', edge)
-    for _, m in ipairs(gone) do
-      n = n - log_cost(m)
-    end
-    live = live - #gone
-  end
-  r.remaining = L - n
-  if n > 0 then
-    local newest = redis.call('ZRANGE', r.key, -1, -1, 'WITHSCORES')
-    r.reset = tonumber(newest[2]) + W - now
-  end
-  if r.cost > r.cap or n + r.cost > L then
-    -- The oldest entries must leave until the request fits.
-    local need, freed, offset = n + r.cost - L, 0, 0
-    while offset < live do
-      local page = redis.call('ZRANGEBYSCORE', r.key, '(' .. num(edge), '+inf', 'WITHSCORES', 'LIMIT', offset, 128)
-      if #page == 0 then
-        return
-      end
-      for i = 1, #page, 2 do
-        freed = freed + log_cost(page[i])
-        if freed >= need then
-          r.retry = tonumber(page[i + 1]) + W - now
-          return
-        end
-      end
-      offset = offset + #page / 2
-    end
-    return
-  end
-  r.allowed, r.t_remaining, r.t_reset = 1, L - n - r.cost, W
-  r.write = function()
-    if #gone > 0 then
-      redis.call('ZREMRANGEBYSCORE', r.key, '-inf', edge)
-    end
-    redis.call('ZADD', r.key, num(now), num(r.cost) .. ':' .. nonce)
-    redis.call('PEXPIRE', r.key, ttl(W))
-    redis.call('SET', r.key2, num(n + r.cost), 'PX', ttl(W))
-  end
-end
-
-algorithms[3] = function(r) -- sliding_window_counter
-  local W, L = r.W, r.L
-  local idx, cur, prev = window_index(W), 0, 0
-  local st = redis.call('HMGET', r.key, 'w', 'n', 'p')
-  if st[1] then
-    local w = tonumber(st[1])
+-- counter_windows reads a sliding_window_counter state at time at.
+local function counter_windows(at, W, w, n, p)
+  local idx, cur, prev = (at - fmod(at, W)) / W, 0, 0
+  if w then
     if w >= idx then
-      idx, cur, prev = w, tonumber(st[2]), tonumber(st[3])
+      idx, cur, prev = w, n, p
     elseif w == idx - 1 then
-      prev = tonumber(st[2])
+      prev = n
     end
   end
+  return idx, cur, prev
+end
+
+local function counter_admits(at, W, L, c, w, n, p)
+  local idx, cur, prev = counter_windows(at, W, w, n, p)
+  local e = max(at - idx * W, 0)
+  return prev * (W - e) / W + cur + c <= L
+end
+
+local function sliding_window_counter(i, W, L)
+  local w, n, p = hexes(pcall('GET', key[i]))
+  local idx, cur, prev = counter_windows(now, W, w, n, p)
   local e = max(now - idx * W, 0) -- elapsed in the current window
   local est = prev * (W - e) / W + cur
-  r.remaining = max(floor(L - est), 0)
+  local c = cost[i]
+  hrem[i] = max(floor(L - est), 0)
   if cur > 0 then
-    r.reset = 2 * W - e
+    hreset[i] = 2 * W - e
   elseif prev > 0 then
-    r.reset = W - e
+    hreset[i] = W - e
   end
-  if r.cost > r.cap then
+  if c > cap[i] then
     return
-  elseif est + r.cost <= L then
-    r.allowed, r.t_remaining, r.t_reset = 1, max(floor(L - est - r.cost), 0), 2 * W - e
-    r.write = function()
-      redis.call('HSET', r.key, 'w', num(idx), 'n', num(cur + r.cost), 'p', num(prev))
-      redis.call('PEXPIRE', r.key, ttl(2 * W - e))
-    end
-  elseif cur + r.cost <= L then
+  elseif est + c <= L then
+    ok[i], trem[i], treset[i] = 1, max(floor(L - est - c), 0), 2 * W - e
+    wval[i], wttl[i], token[i] = format('%x:%x:%x', idx, cur + c, prev), ttl(2 * W - e), idx
+    return
+  end
+  local wait
+  if cur + c <= L then
     -- Only the previous window's weight must shrink.
-    local at = W - (L - cur - r.cost) * W / prev
-    r.retry = max(ceil(at - e), 1)
+    local at = W - (L - cur - c) * W / prev
+    wait = max(ceil(at - e), 1)
   else
     -- Wait into the next window, where this window's count is the previous.
-    local at = W - (L - r.cost) * W / cur
-    r.retry = W - e + max(ceil(at), 0)
+    local at = W - (L - c) * W / cur
+    wait = W - e + max(ceil(at), 0)
   end
-end
-
-algorithms[4] = function(r) -- token_bucket
-  local W, L, B = r.W, r.L, r.B
-  local tokens = B
-  local st = redis.call('HMGET', r.key, 'x', 't')
-  if st[1] then
-    tokens = min(B, tonumber(st[1]) + max(now - tonumber(st[2]), 0) * L / W)
-  end
-  r.remaining = floor(tokens)
-  r.reset = ceil((B - tokens) * W / L)
-  if r.cost > r.cap or tokens < r.cost then
-    r.retry = ceil((r.cost - tokens) * W / L)
-    return
-  end
-  tokens = tokens - r.cost
-  local full = ceil((B - tokens) * W / L)
-  r.allowed, r.t_remaining, r.t_reset = 1, floor(tokens), full
-  r.write = function()
-    redis.call('HSET', r.key, 'x', num(tokens), 't', num(now))
-    redis.call('PEXPIRE', r.key, ttl(full))
-  end
-end
-
-algorithms[5] = function(r) -- leaky_bucket
-  local W, L, B = r.W, r.L, r.B
-  local level = 0
-  local st = redis.call('HMGET', r.key, 'x', 't')
-  if st[1] then
-    level = max(0, tonumber(st[1]) - max(now - tonumber(st[2]), 0) * L / W)
-  end
-  r.remaining = max(floor(B - level), 0)
-  r.reset = ceil(level * W / L)
-  if r.cost > r.cap then
-    return
-  end
-  -- The request waits until enough has drained for it to fit.
-  local wait = 0
-  local over = level + r.cost - B
-  if over > 0 then
-    wait = ceil(over * W / L)
-  end
-  if wait > r.D then
-    r.retry = wait - r.D
-    return
-  end
-  level = level + r.cost
-  local empty = ceil(level * W / L)
-  r.allowed, r.t_remaining, r.t_reset, r.t_delay = 1, max(floor(B - level), 0), empty, wait
-  r.write = function()
-    redis.call('HSET', r.key, 'x', num(level), 't', num(now))
-    redis.call('PEXPIRE', r.key, ttl(empty))
-  end
-end
-
-algorithms[6] = function(r) -- gcra
-  local T = r.W / r.L -- emission interval
-  local tolerance = T * r.B
-  local tat = now
-  local v = redis.call('GET', r.key)
-  if v then
-    tat = max(tonumber(v), now)
-  end
-  r.remaining = max(floor((tolerance - (tat - now)) / T), 0)
-  r.reset = ceil(tat - now)
-  if r.cost > r.cap then
-    return
-  end
-  local new = tat + T * r.cost
-  local wait = new - tolerance - now
-  if wait > 0 then
-    r.retry = ceil(wait)
-    return
-  end
-  r.allowed = 1
-  r.t_remaining = max(floor((tolerance - (new - now)) / T), 0)
-  r.t_reset = ceil(new - now)
-  r.write = function()
-    redis.call('SET', r.key, num(new), 'PX', ttl(new - now))
-  end
-end
-
--- Phase one: every rule decides without writing.
-local rules, all, k = {}, 1, 1
-for a = 3, #ARGV, 8 do
-  local r = {
-    algorithm = tonumber(ARGV[a]),
-    L = tonumber(ARGV[a + 1]),
-    W = tonumber(ARGV[a + 2]),
-    B = tonumber(ARGV[a + 3]),
-    D = tonumber(ARGV[a + 4]),
-    cost = tonumber(ARGV[a + 5]),
-    cap = tonumber(ARGV[a + 6]),
-    shadow = ARGV[a + 7] == '1',
-    key = KEYS[k],
-    allowed = 0, remaining = 0, reset = 0, retry = 0, t_delay = 0,
-  }
-  k = k + 1
-  if r.algorithm == 2 then
-    r.key2 = KEYS[k]
-    k = k + 1
-  end
-  algorithms[r.algorithm](r)
-  if r.allowed == 0 and not r.shadow then
-    all = 0
-  end
-  rules[#rules + 1] = r
-end
-
--- Phase two: only if the request is admitted, write, and answer with the
--- counts after consuming; otherwise answer with the counts as they stand.
-local reply = { all, now }
-for _, r in ipairs(rules) do
-  local remaining, reset, retry, delay, reason = r.remaining, r.reset, r.retry, 0, 0
-  if r.allowed == 0 then
-    if r.cost > r.cap then
-      reason, retry = 2, 0
-    else
-      reason = 1
+  for _ = 1, RETRY_STEPS do
+    if counter_admits(now + wait, W, L, c, w, n, p) then
+      break
     end
-  elseif all == 1 then
-    r.write()
-    remaining, reset, delay = r.t_remaining, r.t_reset, r.t_delay
+    wait = wait + 1
   end
-  reply[#reply + 1] = r.allowed
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = reset
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = delay
-  reply[#reply + 1] = reason
+  hretry[i] = wait
 end
-return reply
+
+local function tokens_at(at, W, L, B, t, x)
+  if not t then
+    return B
+  end
+  return min(B, x + max(at - t, 0) * L / W)
+end
+
+local function token_bucket(i, W, L, B)
+  local t, x = pair(pcall('GET', key[i]))
+  local tokens = tokens_at(now, W, L, B, t, x)
+  local c = cost[i]
+  hrem[i] = floor(tokens)
+  hreset[i] = time_for(B - tokens, W, L)
+  if c > cap[i] then
+    return
+  end
+  if tokens < c then
+    local wait = time_for(c - tokens, W, L)
+    for _ = 1, RETRY_STEPS do
+      if tokens_at(now + wait, W, L, B, t, x) >= c then
+        break
+      end
+      wait = wait + 1
+    end
+    hretry[i] = wait
+    return
+  end
+  tokens = tokens - c
+  ok[i], trem[i], treset[i] = 1, floor(tokens), time_for(B - tokens, W, L)
+  wval[i], wttl[i], token[i] = spack('<dd', now, tokens), ttl(treset[i]), 0
+end
+
+local function level_at(at, W, L, t, x)
+  if not t then
+    return 0
+  end
+  return max(0, x - max(at - t, 0) * L / W)
+end
+
+local function leak_wait(level, c, W, L, B)
+  local over = level + c - B
+  if over <= 0 then
+    return 0
+  end
+  return time_for(over, W, L)
+end
+
+local function leaky_bucket(i, W, L, B, D)
+  local t, x = pair(pcall('GET', key[i]))
+  local level = level_at(now, W, L, t, x)
+  local c = cost[i]
+  hrem[i] = max(floor(B - level), 0)
+  hreset[i] = time_for(level, W, L)
+  if c > cap[i] then
+    return
+  end
+  local wait = leak_wait(level, c, W, L, B)
+  if wait > D then
+    local retry = wait - D
+    for _ = 1, RETRY_STEPS do
+      if leak_wait(level_at(now + retry, W, L, t, x), c, W, L, B) <= D then
+        break
+      end
+      retry = retry + 1
+    end
+    hretry[i] = retry
+    return
+  end
+  level = level + c
+  ok[i], trem[i], treset[i], tdelay[i] = 1, max(floor(B - level), 0), time_for(level, W, L), wait
+  wval[i], wttl[i], token[i] = spack('<dd', now, level), ttl(treset[i]), 0
+end
+
+local function sliding_window_log(i, W, L)
+  local k, c = key[i], cost[i]
+  local newest = pcall('ZRANGE', k, -1, -1, 'WITHSCORES')
+  local total, before, rank, card = 0, 0, -1, 0
+  local at = now
+  lfresh[i] = true
+  if type(newest) ~= 'table' or newest.err then
+    lfresh[i] = 'replace' -- a key of another type
+  elseif #newest > 0 then
+    lfresh[i] = false
+    total = tonumber(newest[1], 16)
+    local ts = tonumber(newest[2])
+    at = max(now, ts)
+    -- The entry at or before the edge with the greatest time: the window
+    -- holds what came after it.
+    local edge = call('ZRANGE', k, format('%d', now - W), '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
+    before = tonumber(edge[1], 16)
+    rank = call('ZRANK', k, edge[1])
+    card = call('ZCARD', k)
+    if total - before > 0 then
+      hreset[i] = ts + W - now
+    end
+  end
+  local n = total - before
+  hrem[i] = L - n
+  if c > cap[i] then
+    return
+  elseif n + c > L then
+    -- The oldest entries must leave until the request fits: find the first
+    -- whose total frees enough, by binary search on rank.
+    local want = before + n + c - L
+    local lo, hi = rank + 1, card - 1
+    while lo < hi do
+      local mid = floor((lo + hi) / 2)
+      if tonumber(call('ZRANGE', k, mid, mid)[1], 16) >= want then
+        hi = mid
+      else
+        lo = mid + 1
+      end
+    end
+    hretry[i] = tonumber(call('ZRANGE', k, lo, lo, 'WITHSCORES')[2]) + W - now
+    return
+  end
+  ok[i], trem[i], treset[i] = 1, L - n - c, at + W - now
+  lat[i], lrank[i], ltotal[i] = at, rank, total + c
+  wttl[i], token[i] = ttl(at + W - now), total + c
+end
+
+local function write_log(i)
+  local k = key[i]
+  if lfresh[i] == 'replace' then
+    call('DEL', k)
+  end
+  local total = ltotal[i]
+  if lfresh[i] then
+    call('ZADD', k, '-inf', '00000000000000')
+  elseif total >= REBASE then
+    -- Restart the totals from the kept edge entry: rewrite the window.
+    local kept = call('ZRANGE', k, lrank[i], -1, 'WITHSCORES')
+    local base = tonumber(kept[1], 16)
+    call('DEL', k)
+    call('ZADD', k, '-inf', '00000000000000')
+    for j = 3, #kept, 2 do
+      call('ZADD', k, kept[j + 1], format('%014x', tonumber(kept[j], 16) - base))
+    end
+    total = total - base
+    lrank[i] = 0
+  end
+  call('ZADD', k, format('%d', lat[i]), format('%014x', total))
+  call('PEXPIRE', k, wttl[i])
+  if lrank[i] > 0 then
+    call('ZREMRANGEBYRANK', k, 0, min(lrank[i], SWEEP) - 1)
+  end
+end
+
+local reply = {}
+for _ = 1, nreq do
+  local nrules
+  nrules, pos = sunpack('<B', blob, pos)
+  local all = 1
+  -- Phase one: every rule decides without writing.
+  for i = 1, nrules do
+    local id, sh
+    id, sh, cost[i], key[i], pos = sunpack('<HBdHc0', blob, pos)
+    local a, W, L = PA[id], PW[id], PL[id]
+    alg[i], shadow[i], cap[i] = a, sh == 1, PM[id]
+    ok[i], hrem[i], hreset[i], hretry[i], tdelay[i], token[i] = 0, 0, 0, 0, 0, 0
+    if a == 1 then
+      fixed_window(i, W, L)
+    elseif a == 2 then
+      sliding_window_log(i, W, L)
+    elseif a == 3 then
+      sliding_window_counter(i, W, L)
+    elseif a == 4 then
+      token_bucket(i, W, L, PB[id])
+    else -- leaky_bucket, and gcra, which is one with it (see algo/eval.go)
+      leaky_bucket(i, W, L, PB[id], PD[id])
+    end
+    if ok[i] == 0 and not shadow[i] then
+      all = 0
+    end
+  end
+  -- Phase two: only if the request is admitted, write, and answer with the
+  -- counts after consuming; otherwise answer with the counts as they stand.
+  reply[#reply + 1] = spack('<B', all)
+  for i = 1, nrules do
+    local reason, rem, reset, retry, delay = 0, hrem[i], hreset[i], hretry[i], 0
+    if cost[i] > cap[i] then
+      reason, retry = 2, 0
+    elseif ok[i] == 0 then
+      reason = 1
+    elseif all == 1 then
+      if alg[i] == 2 then
+        write_log(i)
+      else
+        call('SET', key[i], wval[i], 'PX', wttl[i])
+      end
+      rem, reset, delay = trem[i], treset[i], tdelay[i]
+    end
+    if tokens_wanted then
+      reply[#reply + 1] = spack('<BBddddd', ok[i], reason, rem, reset, retry, delay, token[i])
+    else
+      reply[#reply + 1] = spack('<BBdddd', ok[i], reason, rem, reset, retry, delay)
+    end
+  end
+end
+return table.concat(reply)

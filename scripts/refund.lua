@@ -1,80 +1,120 @@
--- refund.lua takes back what decide.lua consumed for some rules. A decision
--- whose keys span several Redis Cluster slots runs decide.lua once per slot;
--- when one slot denies after another admitted, the admitting slots are
--- refunded, so the decision consumes nothing, as a single call would.
+#!lua
+-- refund.lua takes back what decide.lua consumed for some rules. In Redis
+-- Cluster a request whose keys span several hash slots is decided by one
+-- decide.lua call per slot; when one slot denies after another admitted, the
+-- admitting slots are refunded, so the request consumes nothing, as a single
+-- call would. Each rule is refunded from the state decide.lua wrote, found
+-- by the refund token decide.lua returned, not by the time: the clock may
+-- have stepped since.
 --
--- KEYS: as decide.lua, for the rules to refund (those it admitted).
--- ARGV[1]: the time decide.lua used (us), from its reply.
--- ARGV[2]: the nonce decide.lua was called with.
--- ARGV[3..]: per rule the 8 values decide.lua was called with.
--- Reply: the number of rules whose state was found and refunded.
+-- KEYS: every key of the call, all of one hash slot (as decide.lua).
+-- ARGV[1]: little-endian binary (struct formats in brackets):
+--   header   [d] the time in µs since 2020-01-01T00:00:00Z, or -1 to read
+--            Redis TIME; [H] the number of rules; [H] the number of
+--            policies
+--   policies as in decide.lua
+--   rules    per rule: [H] policy id, [d] cost, [H] key length and the key,
+--            [d] the refund token decide.lua returned for it
+-- Reply: the number of rules whose consumption no longer counts: refunded,
+-- or already out of the window. A rule that still counts (a log rewritten
+-- since) is missing from the count, for the caller to report.
 --
 -- A refund restores the counts, not the expiry: a key may live somewhat
 -- longer than its state needs, never shorter.
 
-local fmod, min, max = math.fmod, math.min, math.max
-local at = tonumber(ARGV[1])
-local nonce = ARGV[2]
+local sunpack, spack = struct.unpack, struct.pack
+local sub, format, find = string.sub, string.format, string.find
+local min, max = math.min, math.max
+local call = redis.call
 
-local function num(x)
-  return string.format('%.17g', x)
+local EPOCH = 1577836800000000
+
+local blob = ARGV[1]
+local now, nrules, npol, pos = sunpack('<dHH', blob)
+if now < 0 then
+  local t = call('TIME')
+  now = max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH, 0)
 end
 
-local function window_index(w)
-  return (at - fmod(at, w)) / w
+local PA, PL, PW, PB = {}, {}, {}, {}
+for _ = 1, npol do
+  local id, a, L, W, B
+  id, a, L, W, B, _, _, pos = sunpack('<HBddddd', blob, pos)
+  PA[id], PL[id], PW[id], PB[id] = a, L, W, B
 end
 
-local refunded, k = 0, 1
-for a = 3, #ARGV, 8 do
-  local algorithm = tonumber(ARGV[a])
-  local L, W, B = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local cost = tonumber(ARGV[a + 5])
-  local key = KEYS[k]
-  k = k + 1
-  if algorithm == 1 then -- fixed_window
-    local st = redis.call('HMGET', key, 'w', 'n')
-    if st[1] and tonumber(st[1]) == window_index(W) then
-      redis.call('HSET', key, 'n', num(max(tonumber(st[2]) - cost, 0)))
-      refunded = refunded + 1
+local function hexes(v)
+  if type(v) ~= 'string' then
+    return nil
+  end
+  local i = find(v, ':', 1, true)
+  if not i then
+    return nil
+  end
+  local j = find(v, ':', i + 1, true)
+  if j then
+    return tonumber(sub(v, 1, i - 1), 16), tonumber(sub(v, i + 1, j - 1), 16), tonumber(sub(v, j + 1), 16)
+  end
+  return tonumber(sub(v, 1, i - 1), 16), tonumber(sub(v, i + 1), 16), 0
+end
+
+local function pair(v)
+  if type(v) ~= 'string' or #v ~= 16 then
+    return nil
+  end
+  return sunpack('<dd', v)
+end
+
+local settled = 0
+for _ = 1, nrules do
+  local id, cost, k, tok
+  id, cost, k, tok, pos = sunpack('<HdHc0d', blob, pos)
+  local a = PA[id]
+  if a == 1 then -- fixed_window: the window decide.lua wrote, if still stored
+    local w, n = hexes(redis.pcall('GET', k))
+    if w == tok then
+      call('SET', k, format('%x:%x', w, max(n - cost, 0)), 'KEEPTTL')
     end
-  elseif algorithm == 2 then -- sliding_window_log
-    local sum = KEYS[k]
-    k = k + 1
-    if redis.call('ZREM', key, num(cost) .. ':' .. nonce) == 1 then
-      local n = tonumber(redis.call('GET', sum) or '0')
-      redis.call('SET', sum, num(max(n - cost, 0)), 'KEEPTTL')
-      refunded = refunded + 1
+    settled = settled + 1
+  elseif a == 3 then -- sliding_window_counter: the window, or it as the previous
+    local w, n, p = hexes(redis.pcall('GET', k))
+    if w == tok then
+      call('SET', k, format('%x:%x:%x', w, max(n - cost, 0), p), 'KEEPTTL')
+    elseif w == tok + 1 then
+      call('SET', k, format('%x:%x:%x', w, n, max(p - cost, 0)), 'KEEPTTL')
     end
-  elseif algorithm == 3 then -- sliding_window_counter
-    local st = redis.call('HMGET', key, 'w', 'n', 'p')
-    if st[1] then
-      local w, idx = tonumber(st[1]), window_index(W)
-      if w == idx then
-        redis.call('HSET', key, 'n', num(max(tonumber(st[2]) - cost, 0)))
-        refunded = refunded + 1
-      elseif w == idx + 1 then
-        redis.call('HSET', key, 'p', num(max(tonumber(st[3]) - cost, 0)))
-        refunded = refunded + 1
+    settled = settled + 1
+  elseif a == 4 or a == 5 or a == 6 then
+    local t, x = pair(redis.pcall('GET', k))
+    if t then
+      if a == 4 then -- token_bucket: give the tokens back
+        x = min(PB[id], x + cost)
+      else -- leaky_bucket, gcra: drain the cost
+        x = max(x - cost, 0)
       end
+      call('SET', k, spack('<dd', t, x), 'KEEPTTL')
     end
-  elseif algorithm == 4 then -- token_bucket
-    local x = redis.call('HGET', key, 'x')
-    if x then
-      redis.call('HSET', key, 'x', num(min(B, tonumber(x) + cost)))
-      refunded = refunded + 1
-    end
-  elseif algorithm == 5 then -- leaky_bucket
-    local x = redis.call('HGET', key, 'x')
-    if x then
-      redis.call('HSET', key, 'x', num(max(tonumber(x) - cost, 0)))
-      refunded = refunded + 1
-    end
-  elseif algorithm == 6 then -- gcra
-    local tat = redis.call('GET', key)
-    if tat then
-      redis.call('SET', key, num(tonumber(tat) - W / L * cost), 'KEEPTTL')
-      refunded = refunded + 1
+    settled = settled + 1
+  elseif a == 2 then -- sliding_window_log: remove the entry, shift the later ones
+    local member = format('%014x', tok)
+    local ok, score = pcall(call, 'ZSCORE', k, member)
+    if not ok or not score then
+      -- Gone with its key, or the log was rewritten since.
+      if ok and call('EXISTS', k) == 0 then
+        settled = settled + 1
+      end
+    elseif tonumber(score) <= now - PW[id] then
+      settled = settled + 1 -- already out of the window
+    else
+      local rank = call('ZRANK', k, member)
+      call('ZREM', k, member)
+      local later = call('ZRANGE', k, rank, -1, 'WITHSCORES')
+      for j = 1, #later, 2 do
+        call('ZREM', k, later[j])
+        call('ZADD', k, later[j + 1], format('%014x', tonumber(later[j], 16) - cost))
+      end
+      settled = settled + 1
     end
   end
 end
-return refunded
+return settled

@@ -401,9 +401,15 @@ func TestUnmatchedAndMissingKeys(t *testing.T) {
 	}
 	wantStatus(t, app.do(t, authFrom("203.0.113.7", "X-Forwarded-Uri", "/api", "X-Api-Key", "k1")), 200, "k1 first")
 	wantStatus(t, app.do(t, authFrom("203.0.113.8", "X-Forwarded-Uri", "/api", "X-Api-Key", "k1")), 429, "k1 from another IP")
-	// A client repeating the header gets a key of its own, not k1's.
-	r = app.do(t, request{headers: [][2]string{{"X-Forwarded-For", "203.0.113.7"}, {"X-Forwarded-Uri", "/api"}, {"X-Api-Key", "k1"}, {"X-Api-Key", "k2"}}})
-	wantStatus(t, r, 200, "repeated header")
+	// A client repeating the header gets no quota: not k1's, not one of
+	// its own.
+	for _, second := range []string{"k2", "r123", "", "k1"} {
+		r = app.do(t, request{headers: [][2]string{{"X-Forwarded-For", "203.0.113.9"}, {"X-Forwarded-Uri", "/api"}, {"X-Api-Key", "k1"}, {"X-Api-Key", second}}})
+		wantStatus(t, r, 429, "repeated header")
+		if p := r.problem(t); p.Type != "urn:authlimit:repeated-header" || !strings.Contains(p.Detail, "X-Api-Key") {
+			t.Errorf("repeated header: problem %+v", p)
+		}
+	}
 }
 
 func TestCostHeader(t *testing.T) {
@@ -419,7 +425,14 @@ func TestCostHeader(t *testing.T) {
 		if r.header("X-RateLimit-Remaining") != "5" {
 			t.Errorf("after cost 1: Remaining = %q, want 5", r.header("X-RateLimit-Remaining"))
 		}
-		for _, bad := range []string{"abc", "0", "-3", "1.5", "99999999999999999999", "4 4", "\xff"} {
+		// An empty body costs nothing: the rule counts nothing and
+		// leaves the request to the others (here, none).
+		r = app.do(t, authFrom("203.0.113.7", "X-Cost", "0"))
+		wantStatus(t, r, 200, "cost 0")
+		if r.header("X-RateLimit-Remaining") != "" {
+			t.Errorf("cost 0 answered with the rule's headers: %v", r.headers)
+		}
+		for _, bad := range []string{"abc", "-3", "+3", "1.5", "99999999999999999999", "4 4", "\xff"} {
 			r := app.do(t, authFrom("203.0.113.7", "X-Cost", bad))
 			wantStatus(t, r, 429, fmt.Sprintf("cost %q", bad))
 			if p := r.problem(t); p.Type != "urn:authlimit:invalid-cost" {

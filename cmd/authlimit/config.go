@@ -6,23 +6,26 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"net/url"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/caarlos0/env/v11"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/authlimit/authlimit/handler"
+	"github.com/authlimit/authlimit/guard"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // envPrefix starts every variable authlimit reads.
 const envPrefix = "AUTHLIMIT_"
 
 // config is authlimit's whole configuration, read from AUTHLIMIT_*
-// variables. README documents every field; keep the two in step.
+// variables. Its tags hold every default authlimit has: the packages it
+// configures take every value from it. README documents every field; a test
+// keeps the two in step.
 type config struct {
 	Listen   string `env:"LISTEN" envDefault:":8080"`
 	RedisURL string `env:"REDIS_URL"`
@@ -33,7 +36,7 @@ type config struct {
 	RedisSentinelUsername string        `env:"REDIS_SENTINEL_USERNAME"`
 	RedisSentinelPassword string        `env:"REDIS_SENTINEL_PASSWORD"`
 	RedisTimeout          time.Duration `env:"REDIS_TIMEOUT" envDefault:"50ms"`
-	RedisPoolSize         int           `env:"REDIS_POOL_SIZE" envDefault:"0"`
+	RedisPoolSize         int           `env:"REDIS_POOL_SIZE" envDefault:"4"`
 	Rules                 string        `env:"RULES"`
 	TrustedProxies        []string      `env:"TRUSTED_PROXIES" envDefault:"127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"`
 	DenyStatus            int           `env:"DENY_STATUS" envDefault:"429"`
@@ -48,23 +51,25 @@ type config struct {
 	MethodHeader          string        `env:"METHOD_HEADER" envDefault:"X-Forwarded-Method"`
 	URIHeader             string        `env:"URI_HEADER" envDefault:"X-Forwarded-Uri"`
 	HostHeader            string        `env:"HOST_HEADER" envDefault:"X-Forwarded-Host"`
+	URLHeader             string        `env:"URL_HEADER"`
 	DenyCacheSize         int           `env:"DENY_CACHE_SIZE" envDefault:"100000"`
 	BreakerFailures       int           `env:"BREAKER_FAILURES" envDefault:"5"`
-	BreakerBackoff        time.Duration `env:"BREAKER_BACKOFF" envDefault:"1s"`
-	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"30s"`
-	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS" envDefault:"1048576"`
+	BreakerBackoff        time.Duration `env:"BREAKER_BACKOFF" envDefault:"250ms"`
+	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"1s"`
+	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS" envDefault:"1048576"` // algo.DefaultMemoryMaxKeys
 	MaxHeaderBytes        int           `env:"MAX_HEADER_BYTES" envDefault:"32768"`
 	ShutdownTimeout       time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
 	LogLevel              string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat             string        `env:"LOG_FORMAT" envDefault:"json"`
+	PprofListen           string        `env:"PPROF_LISTEN"`
 }
 
 // settings is config validated and parsed into the types the program uses.
 type settings struct {
 	config
-	rules          []*handler.Rule
+	rules          []*rules.Rule
 	defaultRules   bool
-	failMode       handler.FailMode
+	failMode       guard.FailMode
 	trusted        []netip.Prefix
 	allow, block   []netip.Prefix
 	logLevel       slog.Level
@@ -94,6 +99,19 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	problem := func(field string, err error) {
 		if !unparsed[field] {
 			errs = append(errs, &ConfigError{Var: envPrefix + field, Err: err})
+		}
+	}
+	// A variable that is set must say something: empty would silently mean
+	// the default, which for some (the trusted proxies) is the opposite of
+	// what an operator emptying it may mean.
+	for _, f := range envFields() {
+		if v, ok := environ[envPrefix+f.key]; ok && strings.TrimSpace(v) == "" && f.def != "" {
+			hint := ""
+			if f.key == "TRUSTED_PROXIES" {
+				hint = ", or none to trust no proxy"
+			}
+			problem(f.key, fmt.Errorf("set but empty: unset it for the default (%s)%s", f.def, hint))
+			unparsed[f.key] = true
 		}
 	}
 	if err := env.ParseWithOptions(&c, env.Options{Prefix: envPrefix, Environment: environ}); err != nil {
@@ -135,33 +153,42 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		if s.listenAddress == "" {
 			problem("LISTEN", errors.New(`"unix:" needs a socket path, such as unix:/run/authlimit.sock`))
 		}
-	} else if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		problem("LISTEN", fmt.Errorf("%q is not host:port or unix:<path> (such as :8080 or 127.0.0.1:8080)", c.Listen))
+	} else if err := checkHostPort(c.Listen); err != nil {
+		problem("LISTEN", fmt.Errorf("%q is not host:port or unix:<path> (such as :8080 or 127.0.0.1:8080): %w", c.Listen, err))
 	} else {
 		s.listenNetwork, s.listenAddress = "tcp", c.Listen
+	}
+	if c.PprofListen != "" {
+		if err := checkHostPort(c.PprofListen); err != nil {
+			problem("PPROF_LISTEN", fmt.Errorf("%q is not host:port: %w", c.PprofListen, err))
+		}
 	}
 
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
 
-	if strings.TrimSpace(c.Rules) == "" {
-		c.Rules, s.defaultRules = handler.DefaultRules, true
+	if _, set := environ[envPrefix+"RULES"]; !set {
+		c.Rules, s.defaultRules = rules.Default, true
 	}
-	rules, err := handler.ParseRules(c.Rules)
+	rs, err := rules.Parse(c.Rules)
 	if err != nil {
 		for _, e := range unjoin(err) {
 			problem("RULES", e)
 		}
 	}
-	s.rules = rules
+	s.rules = rs
 
-	s.trusted = parsePrefixes("TRUSTED_PROXIES", c.TrustedProxies, problem)
+	if len(c.TrustedProxies) == 1 && strings.TrimSpace(c.TrustedProxies[0]) == "none" {
+		s.trusted = nil
+	} else {
+		s.trusted = parsePrefixes("TRUSTED_PROXIES", c.TrustedProxies, problem)
+	}
 	s.allow = parsePrefixes("ALLOW_CIDRS", c.AllowCIDRs, problem)
 	s.block = parsePrefixes("BLOCK_CIDRS", c.BlockCIDRs, problem)
 
 	if c.DenyStatus < 400 || c.DenyStatus > 599 {
 		problem("DENY_STATUS", fmt.Errorf("%d is not a 4xx or 5xx status (nginx auth_request passes only 401 and 403: use 403 and map it to 429)", c.DenyStatus))
 	}
-	if s.failMode, err = handler.ParseFailMode(c.FailMode); err != nil {
+	if s.failMode, err = guard.ParseFailMode(c.FailMode); err != nil {
 		problem("FAIL_MODE", err)
 	}
 	positive := func(field string, v int) {
@@ -181,7 +208,10 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	if c.KeyPrefix == "" || strings.ContainsAny(c.KeyPrefix, "{} \t\r\n") {
 		problem("KEY_PREFIX", fmt.Errorf("%q must be non-empty, without braces or spaces", c.KeyPrefix))
 	}
-	for field, v := range map[string]string{"METHOD_HEADER": c.MethodHeader, "URI_HEADER": c.URIHeader, "HOST_HEADER": c.HostHeader} {
+	for field, v := range map[string]string{"METHOD_HEADER": c.MethodHeader, "URI_HEADER": c.URIHeader, "HOST_HEADER": c.HostHeader, "URL_HEADER": c.URLHeader} {
+		if field == "URL_HEADER" && v == "" {
+			continue // optional
+		}
 		if v == "" || strings.ContainsAny(v, " \t\r\n:()<>@,;\\\"/[]?={}") {
 			problem(field, fmt.Errorf("%q is not a header name", v))
 		}
@@ -204,8 +234,8 @@ func loadConfig(environ map[string]string) (*settings, error) {
 			problem(d.field, fmt.Errorf("%v is not between %v and %v", d.v, d.min, d.max))
 		}
 	}
-	if c.RedisPoolSize < 0 {
-		problem("REDIS_POOL_SIZE", fmt.Errorf("%d is negative (0 means 10 per CPU)", c.RedisPoolSize))
+	if c.RedisPoolSize < 1 || c.RedisPoolSize > 256 {
+		problem("REDIS_POOL_SIZE", fmt.Errorf("%d is not between 1 and 256", c.RedisPoolSize))
 	}
 	if c.MaxHeaderBytes < 4096 || c.MaxHeaderBytes > 1<<20 {
 		problem("MAX_HEADER_BYTES", fmt.Errorf("%d is not between 4096 and 1048576", c.MaxHeaderBytes))
@@ -235,7 +265,8 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	}
 	base, err := redis.ParseURL(c.RedisURL)
 	if err != nil {
-		problem("REDIS_URL", fmt.Errorf("%s: %w", redactURL(c.RedisURL), err))
+		// go-redis's message may quote the URL: keep its credentials out.
+		problem("REDIS_URL", fmt.Errorf("%s: %s", redactURL(c.RedisURL), redact(err.Error(), c.RedisURL)))
 		return nil, nil, ""
 	}
 	for _, a := range c.RedisAddrs {
@@ -248,13 +279,18 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	base.ContextTimeoutEnabled = true
 	base.DialTimeout = max(c.RedisTimeout, time.Second)
 	base.PoolTimeout = c.RedisTimeout
-	base.PoolSize = c.RedisPoolSize
+	// REDIS_POOL_SIZE connections carry decisions, a batch each; a few more
+	// serve probes, pings and refunds. They are opened at start and kept,
+	// so that a burst never waits for a dial.
+	base.PoolSize = c.RedisPoolSize + 4
+	base.MinIdleConns = c.RedisPoolSize
+	base.ConnMaxIdleTime = -1
 	base.ClientName = "authlimit"
-	// Within a budget of milliseconds, a refused dial should fail at once
-	// (the fail mode answers) and a stale pooled connection be retried
-	// once; go-redis's defaults retry for hundreds of milliseconds.
+	// A refused dial fails at once (the fail mode answers), and a call is
+	// never sent twice: one whose reply was lost may have consumed, and a
+	// retry would count its requests again.
 	base.DialerRetries = 1
-	base.MaxRetries = 1
+	base.MaxRetries = -1
 	o := &redis.UniversalOptions{
 		Addrs:                 append([]string{base.Addr}, c.RedisAddrs...),
 		Username:              base.Username,
@@ -262,6 +298,8 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		DB:                    base.DB,
 		TLSConfig:             base.TLSConfig,
 		PoolSize:              base.PoolSize,
+		MinIdleConns:          base.MinIdleConns,
+		ConnMaxIdleTime:       base.ConnMaxIdleTime,
 		ContextTimeoutEnabled: true,
 		DialTimeout:           base.DialTimeout,
 		PoolTimeout:           base.PoolTimeout,
@@ -308,15 +346,55 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	}
 }
 
-// redactURL hides a URL's password.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
+// redactURL shows a Redis URL without its user information, whatever
+// characters the password holds ('#', '/', '@' and all).
+func redactURL(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return "(not a URL)"
 	}
-	return u.Redacted()
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		return scheme + "://***@" + rest[at+1:]
+	}
+	return raw
 }
 
+// redact removes from text every part of raw's user information: the
+// whole, and each piece of it between separators, so that no message
+// quoting the URL (or a part of it) shows a credential.
+func redact(text, raw string) string {
+	_, rest, ok := strings.Cut(raw, "://")
+	at := strings.LastIndexByte(rest, '@')
+	if !ok || at < 0 {
+		return text
+	}
+	info := rest[:at]
+	secrets := []string{info}
+	secrets = append(secrets, strings.FieldsFunc(info, func(r rune) bool { return strings.ContainsRune(":#?/@", r) })...)
+	for _, sec := range secrets {
+		if len(sec) >= 2 {
+			text = strings.ReplaceAll(text, sec, "***")
+		}
+	}
+	return text
+}
+
+// checkHostPort checks a host:port to listen on: a numeric port up to 65535.
+func checkHostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// parsePrefixes reads CIDRs or addresses. IPv4-mapped IPv6 forms
+// (::ffff:203.0.113.0/120) become IPv4, as client addresses do, so they
+// match.
 func parsePrefixes(field string, vals []string, problem func(string, error)) []netip.Prefix {
 	var out []netip.Prefix
 	for _, v := range vals {
@@ -325,12 +403,34 @@ func parsePrefixes(field string, vals []string, problem func(string, error)) []n
 			continue
 		}
 		if p, err := netip.ParsePrefix(v); err == nil {
+			if p.Addr().Is4In6() {
+				if p.Bits() < 96 {
+					problem(field, fmt.Errorf("%q reaches beyond the IPv4-mapped addresses (::ffff:0:0/96); write it as an IPv4 or an IPv6 prefix", v))
+					continue
+				}
+				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+			}
 			out = append(out, p.Masked())
 		} else if a, err := netip.ParseAddr(v); err == nil {
-			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			a = a.WithZone("").Unmap()
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
 		} else {
 			problem(field, fmt.Errorf("%q is not a CIDR or an IP address", v))
 		}
+	}
+	return out
+}
+
+// envField is one variable: its name without the prefix and its default.
+type envField struct{ key, def string }
+
+// envFields lists config's variables.
+func envFields() []envField {
+	var out []envField
+	t := reflect.TypeOf(config{})
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		out = append(out, envField{key: strings.Split(f.Tag.Get("env"), ",")[0], def: f.Tag.Get("envDefault")})
 	}
 	return out
 }
@@ -415,7 +515,7 @@ func (s *settings) describe() string {
 	w("listen", s.Listen)
 	w("store", s.redisDisplay)
 	fm := s.failMode.String()
-	if s.failMode == handler.FailLocal {
+	if s.failMode == guard.FailLocal {
 		fm += fmt.Sprintf(" (limits divided by %d)", s.LocalDivisor)
 	}
 	if s.redisOptions == nil {
@@ -424,16 +524,25 @@ func (s *settings) describe() string {
 	w("fail mode", fm)
 	if s.redisOptions != nil {
 		w("redis timeout", s.RedisTimeout.String())
-		w("circuit breaker", fmt.Sprintf("opens after %d failures, backoff %v to %v", s.BreakerFailures, s.BreakerBackoff, s.BreakerMaxBackoff))
+		w("redis conns", fmt.Sprintf("%d carry decisions, batched, per node", s.RedisPoolSize))
+		w("circuit breaker", fmt.Sprintf("opens after %d failures; probes every %v to %v", s.BreakerFailures, s.BreakerBackoff, s.BreakerMaxBackoff))
 	}
 	w("deny status", fmt.Sprint(s.DenyStatus))
-	w("trusted proxies", prefixes(s.trusted))
+	if len(s.trusted) == 0 {
+		w("trusted proxies", "none: forwarded headers are never believed")
+	} else {
+		w("trusted proxies", prefixes(s.trusted))
+	}
 	w("allow", prefixes(s.allow))
 	w("block", prefixes(s.block))
 	w("ip grouping", fmt.Sprintf("IPv4 /%d, IPv6 /%d", s.IPv4Prefix, s.IPv6Prefix))
 	w("key prefix", s.KeyPrefix)
 	w("shadow", fmt.Sprint(s.Shadow))
-	w("headers", fmt.Sprintf("method %s, uri %s, host %s", s.MethodHeader, s.URIHeader, s.HostHeader))
+	headers := fmt.Sprintf("method %s, uri %s, host %s", s.MethodHeader, s.URIHeader, s.HostHeader)
+	if s.URLHeader != "" {
+		headers = fmt.Sprintf("url %s (host and uri), then ", s.URLHeader) + headers
+	}
+	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	suffix := ""
 	if s.defaultRules {

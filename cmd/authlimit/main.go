@@ -10,6 +10,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,7 +30,9 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // version is set at build time: -ldflags "-X main.version=v1.2.3".
@@ -96,6 +100,13 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("listen on %s: %w", s.Listen, err)
 	}
 	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules))
+	if s.PprofListen != "" {
+		stopPprof, err := servePprof(s.PprofListen, log)
+		if err != nil {
+			return err
+		}
+		defer stopPprof()
+	}
 
 	served := make(chan error, 1)
 	go func() { served <- a.server.Serve(l) }()
@@ -116,52 +127,48 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 // app is a configured authlimit: the handler, its server and its stores.
 type app struct {
 	handler *handler.Handler
+	guard   *guard.Guard
 	server  *fasthttp.Server
 	closers []func() error
 }
 
-// newApp builds the stores, the handler and the server from settings.
+// newApp builds the stores, the guard, the handler and the server from
+// settings, and gets a Redis store ready: scripts loaded, connections open.
+// A Redis that does not answer leaves authlimit deciding with the fail mode
+// until it does; one that refuses authlimit's credentials or certificate
+// is a configuration mistake.
 func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a := &app{}
 	// go-redis logs through a process-wide logger; send it to ours.
 	redis.SetLogger(redisLogger{log})
 	if s.defaultRules {
-		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", handler.DefaultRules)
+		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", rules.Default)
 	}
 	if s.redisOptions == nil {
 		log.Warn("AUTHLIMIT_REDIS_URL is not set: limits are kept in this instance's memory; replicas do not share them")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	opts := handler.Options{
-		Rules:             s.rules,
+	var policies []*algo.Policy
+	for _, r := range s.rules {
+		policies = append(policies, r.Policy)
+	}
+	gopts := guard.Options{
 		FailMode:          s.failMode,
+		Policies:          policies,
 		LocalDivisor:      s.LocalDivisor,
-		Timeout:           s.RedisTimeout,
 		BreakerFailures:   s.BreakerFailures,
 		BreakerBackoff:    s.BreakerBackoff,
 		BreakerMaxBackoff: s.BreakerMaxBackoff,
+		ProbeTimeout:      max(s.RedisTimeout, time.Second),
 		DenyCacheSize:     s.DenyCacheSize,
-		TrustedProxies:    s.trusted,
-		AllowCIDRs:        s.allow,
-		BlockCIDRs:        s.block,
-		IPv4Prefix:        s.IPv4Prefix,
-		IPv6Prefix:        s.IPv6Prefix,
-		DenyStatus:        s.DenyStatus,
-		Shadow:            s.Shadow,
-		MethodHeader:      s.MethodHeader,
-		URIHeader:         s.URIHeader,
-		HostHeader:        s.HostHeader,
 		Registry:          reg,
 		Logger:            log,
-	}
-	if s.DenyCacheSize == 0 {
-		opts.DenyCacheSize = -1
 	}
 	if s.redisOptions == nil {
 		m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 		a.closers = append(a.closers, m.Close)
-		opts.Store, opts.Ping = m, m
+		gopts.Store = m
 	} else {
 		var client redis.UniversalClient
 		if s.redisPlain != nil {
@@ -170,20 +177,64 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 			client = redis.NewUniversalClient(s.redisOptions)
 		}
 		a.closers = append(a.closers, client.Close)
-		rs := algo.NewRedis(client, s.KeyPrefix)
-		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := rs.Load(lctx); err != nil {
-			log.Warn("redis not reachable at start; deciding with the fail mode until it is", "err", err, "fail_mode", s.failMode.String())
-		}
-		cancel()
-		opts.Store, opts.Ping, opts.Remote = rs, pinger{client}, true
-		if s.failMode == handler.FailLocal {
+		lost := prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "authlimit_refunds_lost_total",
+			Help: "Rules of Redis Cluster requests denied by one slot whose consumption in another slot could not be refunded.",
+		})
+		reg.MustRegister(lost)
+		rs := algo.NewRedis(client, algo.RedisOptions{
+			Prefix:  s.KeyPrefix,
+			Timeout: s.RedisTimeout,
+			Conns:   s.RedisPoolSize,
+			OnRefundLost: func(n int, err error) {
+				lost.Add(float64(n))
+				log.Warn("refund lost: a denied request still counts in some rules", "rules", n, "err", redact(fmt.Sprint(err), s.RedisURL))
+			},
+		})
+		a.closers = append(a.closers, rs.Close)
+		gopts.Store, gopts.Remote = rs, true
+		if s.failMode == guard.FailLocal {
 			m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 			a.closers = append(a.closers, m.Close)
-			opts.Local = m
+			gopts.Local = m
 		}
 	}
-	h, err := handler.New(opts)
+	g, err := guard.New(gopts)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.guard = g
+	a.closers = append(a.closers, func() error { g.Close(); return nil })
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = g.Start(sctx)
+	cancel()
+	if err != nil {
+		msg := redact(err.Error(), s.RedisURL)
+		if refused(err) {
+			a.close()
+			return nil, usageError{fmt.Errorf("redis refuses authlimit (%s): %s", s.redisDisplay, msg)}
+		}
+		log.Warn("redis not ready at start; deciding with the fail mode until it answers", "err", msg, "fail_mode", s.failMode.String())
+	}
+	h, err := handler.New(handler.Options{
+		Rules:        s.rules,
+		Decider:      g,
+		Ready:        g,
+		Proxies:      rules.Proxies{Trusted: s.trusted},
+		AllowCIDRs:   s.allow,
+		BlockCIDRs:   s.block,
+		IPv4Prefix:   s.IPv4Prefix,
+		IPv6Prefix:   s.IPv6Prefix,
+		DenyStatus:   s.DenyStatus,
+		Shadow:       s.Shadow,
+		MethodHeader: s.MethodHeader,
+		URIHeader:    s.URIHeader,
+		HostHeader:   s.HostHeader,
+		URLHeader:    s.URLHeader,
+		Registry:     reg,
+		Logger:       log,
+	})
 	if err != nil {
 		a.close()
 		return nil, err
@@ -205,6 +256,25 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		Logger:       fasthttpLogger{log},
 	}
 	return a, nil
+}
+
+// refused reports whether Redis answered, but refused authlimit: wrong
+// credentials, missing permissions, or a certificate authlimit does not
+// trust. Waiting does not cure these.
+func refused(err error) bool {
+	var cert *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	if errors.As(err, &cert) || errors.As(err, &unknown) || errors.As(err, &hostname) {
+		return true
+	}
+	msg := err.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "invalid password", "invalid username-password", "tls: "} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *app) close() {
@@ -258,10 +328,6 @@ func healthcheck(s *settings) error {
 	}
 	return nil
 }
-
-type pinger struct{ c redis.UniversalClient }
-
-func (p pinger) Ping(ctx context.Context) error { return p.c.Ping(ctx).Err() }
 
 // fasthttpLogger sends fasthttp's own messages to slog at debug level: they
 // are about single connections (a client that went away, say).

@@ -117,28 +117,44 @@ func TestFailModes(t *testing.T) {
 }
 
 // TestBudgetHoldsWhenRedisStalls pauses Redis (it accepts, never answers):
-// every decision returns within the budget, decided by the fail mode.
+// every decision returns within the budget. While the circuit is closed a
+// timed-out decision is answered 503, never admitted (it may have been
+// decided in Redis, and a client could otherwise gain by making its own
+// decision slow); once BREAKER_FAILURES have timed out, the fail mode
+// answers.
 func TestBudgetHoldsWhenRedisStalls(t *testing.T) {
 	srv := ownRedis(t)
-	app := startApp(t, redisEnv(srv, "stall", "AUTHLIMIT_RULES", "name=r limit=100/1m", "AUTHLIMIT_BREAKER_FAILURES", "1000"))
+	app := startApp(t, redisEnv(srv, "stall", "AUTHLIMIT_RULES", "name=r limit=100/1m", "AUTHLIMIT_BREAKER_FAILURES", "3"))
 	wantStatus(t, app.do(t, authFrom("203.0.113.7")), 200, "with Redis up")
 	admin := srv.Client(t)
 	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	for i := 0; i < 5; i++ {
+	for i := 0; i < 6; i++ {
+		start := time.Now()
 		r := app.do(t, authFrom("203.0.113.7"))
-		wantStatus(t, r, 200, "Redis paused: decided locally")
-		if r.header("X-RateLimit-Limit") != "100" {
-			t.Errorf("local answer headers: %v", r.headers)
+		if elapsed := time.Since(start); elapsed > 100*time.Millisecond+time.Second {
+			t.Errorf("request %d took %v with a 100ms budget", i+1, elapsed)
+		}
+		if i < 3 {
+			wantStatus(t, r, 503, "Redis paused, circuit closed")
+			if r.header("Retry-After") != "1" {
+				t.Errorf("503 without Retry-After: 1: %v", r.headers)
+			}
+			continue
+		}
+		wantStatus(t, r, 200, "Redis paused, circuit open: decided locally")
+		// The local store continues from what Redis admitted (1) and
+		// what may have been admitted (the 3 timed out): 100-4-1 left.
+		if want := strconv.Itoa(100 - 4 - (i - 2)); r.header("X-RateLimit-Limit") != "100" || r.header("X-RateLimit-Remaining") != want {
+			t.Errorf("local answer headers: %v, want %s remaining", r.headers, want)
 		}
 	}
-	if elapsed := time.Since(start); elapsed > 2*time.Second {
-		t.Errorf("5 decisions with a 100ms budget took %v while Redis was paused for 3s", elapsed)
+	if got := metric(t, app, `authlimit_store_errors_total{kind="timeout"}`); got != 3 {
+		t.Errorf("timeouts counted %v, want 3", got)
 	}
-	if got := metric(t, app, `authlimit_store_errors_total{kind="timeout"}`); got < 5 {
-		t.Errorf("timeouts counted %v, want 5", got)
+	if got := metric(t, app, `authlimit_fail_mode_decisions_total{mode="local"}`); got != 3 {
+		t.Errorf("local decisions %v, want 3", got)
 	}
 }
 
@@ -156,8 +172,8 @@ func TestCircuitBreaker(t *testing.T) {
 	if got := metric(t, app, "authlimit_circuit_state"); got != 2 {
 		t.Errorf("circuit state %v after 10 failures, want 2 (open)", got)
 	}
-	if got := metric(t, app, `authlimit_store_errors_total{kind="error"}`); got != 3 {
-		t.Errorf("store errors %v, want 3: the open circuit stops calling Redis", got)
+	if got := metric(t, app, `authlimit_store_errors_total{kind="unreachable"}`); got != 1 {
+		t.Errorf("store errors %v, want 1: a refused connection opens the circuit at once", got)
 	}
 	srv.Restart(t)
 	deadline := time.Now().Add(5 * time.Second)

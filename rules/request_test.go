@@ -1,4 +1,4 @@
-package handler
+package rules
 
 import (
 	"net/netip"
@@ -13,7 +13,7 @@ var defaultTrusted = []netip.Prefix{
 }
 
 func TestClientIP(t *testing.T) {
-	r := ipResolver{trusted: defaultTrusted}
+	r := Proxies{Trusted: defaultTrusted}
 	proxy := netip.MustParseAddr("10.0.0.2")
 	stranger := netip.MustParseAddr("198.51.100.9")
 	hugeXFF := strings.Repeat("10.1.1.1, ", 5000) + "10.0.0.9"
@@ -54,7 +54,7 @@ func TestClientIP(t *testing.T) {
 			for _, v := range tc.xff {
 				xff = append(xff, []byte(v))
 			}
-			got := r.clientIP(xff, []byte(tc.realIP), tc.peer)
+			got := r.ClientIP(xff, []byte(tc.realIP), tc.peer)
 			if got.String() != tc.want {
 				t.Errorf("clientIP(%.60q, %q, %v) = %v, want %s", tc.xff, tc.realIP, tc.peer, got, tc.want)
 			}
@@ -76,18 +76,28 @@ func TestIPKeyGroupsByPrefix(t *testing.T) {
 		{"2001:db8:1:2:3:4:5:6", 32, 48, "2001:db8:1::/48"},
 	}
 	for _, tc := range tests {
-		if got := ipKey(netip.MustParseAddr(tc.ip), tc.v4, tc.v6); got != tc.want {
-			t.Errorf("ipKey(%s, /%d, /%d) = %q, want %q", tc.ip, tc.v4, tc.v6, got, tc.want)
+		if got := string(AppendClientKey(nil, netip.MustParseAddr(tc.ip), tc.v4, tc.v6)); got != tc.want {
+			t.Errorf("AppendClientKey(%s, /%d, /%d) = %q, want %q", tc.ip, tc.v4, tc.v6, got, tc.want)
 		}
 	}
 }
 
-func TestNormalizePath(t *testing.T) {
+func TestAppendPath(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{"/login", "/login"},
 		{"/login?next=/admin", "/login"},
 		{"/login#frag", "/login"},
-		{"/LOGIN", "/LOGIN"},
+		{"/LOGIN", "/login"},
+		{"/Log%49n", "/login"},
+		{"/login;a=1", "/login"},
+		{"/login;a=1/x", "/login/x"},
+		{"/admin/..;/login", "/login"},
+		{"/x/.;a/login", "/x/login"},
+		{"/;x/login", "/login"},
+		{"/login%3Bjsessionid=1", "/login"},
+		{"\\login", "/login"},
+		{"/x\\..\\login", "/login"},
+		{"/a/b/c/../../../../login", "/login"},
 		{"/log%69n", "/login"},
 		{"/logi%6E", "/login"},
 		{"//login", "/login"},
@@ -109,15 +119,16 @@ func TestNormalizePath(t *testing.T) {
 		{"/%", "/%"},
 		{"/a%00b", "/a\x00b"},
 		{"/caf\xc3\xa9", "/caf\xc3\xa9"},
+		{"/CAF\xc3\x89", "/caf\xc3\x89"},
 	}
 	for _, tc := range tests {
-		if got := normalizePath([]byte(tc.in)); got != tc.want {
-			t.Errorf("normalizePath(%q) = %q, want %q", tc.in, got, tc.want)
+		if got := string(AppendPath([]byte("prefix"), []byte(tc.in))); got != "prefix"+tc.want {
+			t.Errorf("AppendPath(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }
 
-func TestNormalizeHost(t *testing.T) {
+func TestAppendHost(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{"Example.COM", "example.com"},
 		{"example.com:8080", "example.com"},
@@ -128,8 +139,8 @@ func TestNormalizeHost(t *testing.T) {
 		{"", ""},
 	}
 	for _, tc := range tests {
-		if got := normalizeHost([]byte(tc.in)); got != tc.want {
-			t.Errorf("normalizeHost(%q) = %q, want %q", tc.in, got, tc.want)
+		if got := string(AppendHost(nil, []byte(tc.in))); got != tc.want {
+			t.Errorf("AppendHost(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }
@@ -148,8 +159,59 @@ func TestPathHasPrefix(t *testing.T) {
 		{"/x", "/", true},
 	}
 	for _, tc := range tests {
-		if got := pathHasPrefix(tc.path, tc.prefix); got != tc.want {
+		if got := pathHasPrefix([]byte(tc.path), []byte(tc.prefix)); got != tc.want {
 			t.Errorf("pathHasPrefix(%q, %q) = %v, want %v", tc.path, tc.prefix, got, tc.want)
+		}
+	}
+}
+
+func TestSplitURL(t *testing.T) {
+	tests := []struct {
+		in, host, uri string
+		ok            bool
+	}{
+		{"https://api.example.com/login?x=1", "api.example.com", "/login?x=1", true},
+		{"http://API.example.com:8080/a/b", "API.example.com:8080", "/a/b", true},
+		{"http://user:pw@host/x", "host", "/x", true},
+		{"http://host", "host", "/", true},
+		{"http://host?q", "host", "/", true},
+		{"http://[2001:db8::1]:443/x", "[2001:db8::1]:443", "/x", true},
+		{"/relative/path", "", "", false},
+		{"http:///nohost", "", "", false},
+		{"", "", "", false},
+		{"garbage", "", "", false},
+	}
+	for _, tc := range tests {
+		host, uri, ok := SplitURL([]byte(tc.in))
+		if ok != tc.ok || ok && (string(host) != tc.host || string(uri) != tc.uri) {
+			t.Errorf("SplitURL(%q) = %q, %q, %v; want %q, %q, %v", tc.in, host, uri, ok, tc.host, tc.uri, tc.ok)
+		}
+	}
+}
+
+func TestParseIP(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"203.0.113.7", "203.0.113.7"},
+		{"203.0.113.7:80", "203.0.113.7"},
+		{"[2001:db8::1]:443", "2001:db8::1"},
+		{"[2001:db8::1]", "2001:db8::1"},
+		{"2001:db8::1", "2001:db8::1"},
+		{"::ffff:203.0.113.7", "203.0.113.7"},
+		{"fe80::1%eth0", "fe80::1"},
+		{"203.0.113.7:port", ""},
+		{"[2001:db8::1]x", ""},
+		{"[2001:db8::1", ""},
+		{"", ""},
+		{"1.2.3", ""},
+	}
+	for _, tc := range tests {
+		a, ok := ParseIP([]byte(tc.in))
+		got := ""
+		if ok {
+			got = a.String()
+		}
+		if got != tc.want {
+			t.Errorf("ParseIP(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

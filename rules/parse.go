@@ -1,4 +1,4 @@
-package handler
+package rules
 
 import (
 	"errors"
@@ -11,137 +11,16 @@ import (
 	"github.com/authlimit/authlimit/algo"
 )
 
-// Rule is one parsed rule of the rule language: which requests it applies
-// to, what it counts them by, and the limit it enforces.
-type Rule struct {
-	// Name is unique among the rules: [a-z0-9_-]+.
-	Name string
-	// Limit is the enforced limit, decided by the configured store.
-	Limit *algo.Rule
-	// Key lists the parts the rule counts by.
-	Key []KeyPart
-	// Methods, Host, PathPrefix and PathRegexp restrict the requests the
-	// rule applies to; empty means any.
-	Methods    []string
-	Host       string // exact, or "*.example.com" for any subdomain
-	PathPrefix string
-	PathRegexp *regexp.Regexp
-	// CostHeader, when set, names the header whose value is the cost.
-	CostHeader string
-	// DenyOnMissing denies a request that lacks a key part's header,
-	// instead of skipping the rule.
-	DenyOnMissing bool
-	// Shadow rules are decided and counted but never deny.
-	Shadow bool
-}
+// Default is the rule set when none is configured.
+const Default = "name=default key=ip limit=100/1m"
 
-// PartKind is what a key part reads from the request.
-type PartKind uint8
-
-// The key parts.
-const (
-	PartIP     PartKind = iota + 1 // the client IP, grouped by prefix
-	PartHeader                     // a request header's value
-	PartHost                       // the original host
-	PartMethod                     // the original method
-	PartPath                       // the original path, normalized
-	PartGlobal                     // one counter for every request
-)
-
-// KeyPart is one part of a rule's key.
-type KeyPart struct {
-	Kind   PartKind
-	Header string // for PartHeader: the header's name
-}
-
-func (p KeyPart) String() string {
-	switch p.Kind {
-	case PartIP:
-		return "ip"
-	case PartHeader:
-		return "header:" + p.Header
-	case PartHost:
-		return "host"
-	case PartMethod:
-		return "method"
-	case PartPath:
-		return "path"
-	case PartGlobal:
-		return "global"
-	}
-	return "?"
-}
-
-// String writes the rule back in the rule language, defaults filled in.
-func (r *Rule) String() string {
-	s := r.Limit.Spec()
-	var b strings.Builder
-	parts := make([]string, len(r.Key))
-	for i, p := range r.Key {
-		parts[i] = p.String()
-	}
-	fmt.Fprintf(&b, "name=%s key=%s limit=%d/%s algorithm=%s", r.Name, strings.Join(parts, "+"), s.Limit, formatDuration(s.Window), s.Algorithm)
-	if s.Algorithm == algo.TokenBucket || s.Algorithm == algo.LeakyBucket || s.Algorithm == algo.GCRA {
-		fmt.Fprintf(&b, " burst=%d", s.Burst)
-	}
-	if s.Delay > 0 {
-		fmt.Fprintf(&b, " delay=%s", formatDuration(s.Delay))
-	}
-	if r.CostHeader != "" {
-		fmt.Fprintf(&b, " cost=header:%s", r.CostHeader)
-	} else if s.Cost != 1 {
-		fmt.Fprintf(&b, " cost=%d", s.Cost)
-	}
-	if len(r.Methods) > 0 {
-		fmt.Fprintf(&b, " method=%s", strings.Join(r.Methods, ","))
-	}
-	if r.Host != "" {
-		fmt.Fprintf(&b, " host=%s", r.Host)
-	}
-	if r.PathPrefix != "" {
-		fmt.Fprintf(&b, " path=%s", r.PathPrefix)
-	}
-	if r.PathRegexp != nil {
-		fmt.Fprintf(&b, " path=~%s", r.PathRegexp)
-	}
-	if r.DenyOnMissing {
-		b.WriteString(" on_missing=deny")
-	}
-	if r.Shadow {
-		b.WriteString(" shadow=true")
-	}
-	return b.String()
-}
-
-func formatDuration(d time.Duration) string {
-	switch {
-	case d%(24*time.Hour) == 0:
-		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
-	case d%time.Hour == 0:
-		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
-	case d%time.Minute == 0:
-		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
-	case d%time.Second == 0:
-		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
-	case d%time.Millisecond == 0:
-		return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
-	}
-	return d.String()
-}
-
-// DefaultRules is the rule set when none is configured.
-const DefaultRules = "name=default key=ip limit=100/1m"
-
-// maxRules bounds the rule set: a request's rules are decided in one call.
-const maxRules = 64
-
-// ParseRules parses the rule language: rules separated by ";" or new lines,
-// each a list of space-separated field=value pairs. A line starting with #
-// is a comment. Every problem is reported, each naming the rule (by position
-// and name) and the field:
+// Parse parses the rule language: rules separated by ";" or new lines, each
+// a list of space-separated field=value pairs. A line starting with # is a
+// comment. Every problem is reported, each naming the rule (by position and
+// name) and the field:
 //
 //	rule 2 "login": limit "5/x": unknown unit "x" (want ms, s, m, h or d)
-func ParseRules(text string) ([]*Rule, error) {
+func Parse(text string) ([]*Rule, error) {
 	var rules []*Rule
 	var errs []error
 	names := map[string]int{}
@@ -173,8 +52,8 @@ func ParseRules(text string) ([]*Rule, error) {
 		return nil, errors.Join(errs...)
 	case n == 0:
 		return nil, errors.New("no rules")
-	case n > maxRules:
-		return nil, fmt.Errorf("%d rules; the maximum is %d", n, maxRules)
+	case n > algo.MaxRules:
+		return nil, fmt.Errorf("%d rules; the maximum is %d", n, algo.MaxRules)
 	}
 	return rules, nil
 }
@@ -186,6 +65,8 @@ func ruleError(n int, name string, err error) error {
 	}
 	return fmt.Errorf("rule %d %q: %w", n, name, err)
 }
+
+const fieldNames = "name, key, limit, algorithm, burst, delay, cost, cost_missing, method, host, path, on_missing or shadow"
 
 func parseRule(n int, src string) (*Rule, error) {
 	fields := map[string]string{}
@@ -209,7 +90,7 @@ func parseRule(n int, src string) (*Rule, error) {
 		errs = append(errs, fmt.Errorf("%s %q: %w", field, fields[field], err))
 	}
 
-	r := &Rule{Name: name, Key: []KeyPart{{Kind: PartIP}}}
+	r := &Rule{Name: name, Key: []Part{{Kind: PartIP}}}
 	spec := algo.Spec{Name: name, Algorithm: algo.SlidingWindowCounter}
 	if name == "" {
 		errs = append(errs, errors.New("name: missing; every rule needs name=<[a-z0-9_-]+>"))
@@ -239,17 +120,22 @@ func parseRule(n int, src string) (*Rule, error) {
 			} else {
 				spec.Cost, err = parseCount(v)
 			}
+		case "cost_missing":
+			if v == "deny" {
+				r.CostMissing = CostDeny
+			} else if r.CostMissing, err = parseCount(v); err != nil {
+				err = fmt.Errorf("want deny, or the cost to charge (%w)", err)
+			}
 		case "method":
 			r.Methods, err = parseMethods(v)
 		case "host":
 			r.Host, err = parseHost(v)
 		case "path":
 			if re, ok := strings.CutPrefix(v, "~"); ok {
-				r.PathRegexp, err = regexp.Compile(re)
-			} else if !strings.HasPrefix(v, "/") {
-				err = errors.New(`want a prefix starting with "/", or ~ and a regular expression`)
+				// Paths are matched in lower case (see AppendPath).
+				r.PathRegexp, err = regexp.Compile("(?i)" + re)
 			} else {
-				r.PathPrefix = v
+				r.PathPrefix, err = parsePathPrefix(v)
 			}
 		case "on_missing":
 			switch v {
@@ -265,25 +151,31 @@ func parseRule(n int, src string) (*Rule, error) {
 				err = errors.New("want true or false")
 			}
 		default:
-			errs = append(errs, fmt.Errorf("%s: unknown field (want name, key, limit, algorithm, burst, delay, cost, method, host, path, on_missing or shadow)", k))
+			errs = append(errs, fmt.Errorf("%s: unknown field (want %s)", k, fieldNames))
 		}
 		if err != nil {
 			fail(k, err)
 		}
 	}
+	if _, ok := fields["cost_missing"]; ok && r.CostHeader == "" && len(errs) == 0 {
+		errs = append(errs, errors.New("cost_missing: only with cost=header:<Name>"))
+	}
 	if len(errs) == 0 {
-		limit, err := algo.NewRule(spec)
+		p, err := algo.NewPolicy(spec)
 		if err != nil {
 			for _, e := range unjoin(err) {
-				var re *algo.RuleError
-				if errors.As(e, &re) {
-					errs = append(errs, specError(re, fields))
+				var se *algo.SpecError
+				if errors.As(e, &se) {
+					errs = append(errs, specError(se, fields))
 				} else {
 					errs = append(errs, e)
 				}
 			}
 		}
-		r.Limit = limit
+		r.Policy = p
+		if p != nil && r.CostMissing > p.MaxCost() {
+			errs = append(errs, fmt.Errorf("cost_missing %q: %d is more than the rule ever admits at once (%d): every such request would be denied", fields["cost_missing"], r.CostMissing, p.MaxCost()))
+		}
 	}
 	if len(errs) > 0 {
 		out := make([]error, len(errs))
@@ -292,20 +184,35 @@ func parseRule(n int, src string) (*Rule, error) {
 		}
 		return nil, errors.Join(out...)
 	}
+	r.compile()
 	return r, nil
 }
 
-// specError restates an algo.RuleError with the field as the user wrote it:
-// the algorithm's window is part of limit=.
-func specError(re *algo.RuleError, fields map[string]string) error {
-	field := re.Field
+// compile derives the byte forms Match compares with.
+func (r *Rule) compile() {
+	for _, m := range r.Methods {
+		r.methods = append(r.methods, []byte(m))
+	}
+	if r.Host != "" {
+		h, wild := strings.CutPrefix(r.Host, "*.")
+		r.host, r.wildcard = []byte(h), wild
+	}
+	if r.PathPrefix != "" {
+		r.pathPrefix = []byte(r.PathPrefix)
+	}
+}
+
+// specError restates an algo.SpecError with the field as the user wrote it:
+// the policy's window is part of limit=.
+func specError(se *algo.SpecError, fields map[string]string) error {
+	field := se.Field
 	if field == "window" {
 		field = "limit"
 	}
 	if v, ok := fields[field]; ok {
-		return fmt.Errorf("%s %q: %w", field, v, re.Err)
+		return fmt.Errorf("%s %q: %w", field, v, se.Err)
 	}
-	return fmt.Errorf("%s: %w", field, re.Err)
+	return fmt.Errorf("%s: %w", field, se.Err)
 }
 
 func unjoin(err error) []error {
@@ -315,14 +222,14 @@ func unjoin(err error) []error {
 	return []error{err}
 }
 
-func parseKey(v string) ([]KeyPart, error) {
+func parseKey(v string) ([]Part, error) {
 	if v == "" {
 		return nil, errors.New("empty; want parts joined by +: ip, header:<Name>, host, method, path, global")
 	}
-	var parts []KeyPart
+	var parts []Part
 	seen := map[string]bool{}
 	for _, p := range strings.Split(v, "+") {
-		var part KeyPart
+		var part Part
 		switch {
 		case p == "ip":
 			part.Kind = PartIP
@@ -339,7 +246,7 @@ func parseKey(v string) ([]KeyPart, error) {
 			if err != nil {
 				return nil, err
 			}
-			part = KeyPart{Kind: PartHeader, Header: name}
+			part = Part{Kind: PartHeader, Header: name}
 		default:
 			return nil, fmt.Errorf("unknown part %q (want ip, header:<Name>, host, method, path or global)", p)
 		}
@@ -454,14 +361,19 @@ func parseMethods(v string) ([]string, error) {
 				return nil, fmt.Errorf("method %q contains %q", m, m[i])
 			}
 		}
+		if len(m) > maxMethod {
+			return nil, fmt.Errorf("method %q is longer than %d bytes", m, maxMethod)
+		}
 		ms = append(ms, strings.ToUpper(m))
 	}
 	return ms, nil
 }
 
+// parseHost reads a host= value: a name or address, or "*." and a name for
+// any subdomain, normalized as AppendHost normalizes requests' hosts. A port
+// is refused: requests' hosts lose theirs, so it could never match.
 func parseHost(v string) (string, error) {
-	h := strings.ToLower(v)
-	rest := strings.TrimPrefix(h, "*.")
+	rest, wild := strings.CutPrefix(strings.ToLower(v), "*.")
 	if rest == "" {
 		return "", errors.New("empty host")
 	}
@@ -471,5 +383,28 @@ func parseHost(v string) (string, error) {
 			return "", fmt.Errorf("host %q contains %q", v, c)
 		}
 	}
-	return h, nil
+	norm := string(AppendHost(nil, []byte(rest)))
+	if wild {
+		norm = "*." + norm
+	}
+	switch {
+	case strings.TrimPrefix(norm, "*.") == "":
+		return "", errors.New("empty host")
+	case strings.TrimPrefix(norm, "*.") != strings.TrimSuffix(rest, "."):
+		return "", fmt.Errorf("requests are matched by host without a port: write host=%s, which matches every port", norm)
+	}
+	return norm, nil
+}
+
+// parsePathPrefix reads a path= prefix and normalizes it as AppendPath
+// normalizes requests' paths, so that "/log%69n" or "/a/../login" match
+// what they say.
+func parsePathPrefix(v string) (string, error) {
+	if !strings.HasPrefix(v, "/") {
+		return "", errors.New(`want a prefix starting with "/", or ~ and a regular expression`)
+	}
+	if strings.ContainsAny(v, "?#") {
+		return "", errors.New("a path prefix has no query or fragment")
+	}
+	return string(AppendPath(nil, []byte(v))), nil
 }

@@ -1,4 +1,4 @@
-package handler
+package rules
 
 import (
 	"strings"
@@ -9,7 +9,7 @@ import (
 )
 
 func TestParseRulesReadsEveryField(t *testing.T) {
-	rules, err := ParseRules(`
+	rules, err := Parse(`
 # per client, then stricter on login
 name=per-ip key=ip limit=100/1m
 name=login key=ip+header:X-Api-Key limit=5/1m algorithm=gcra burst=2 method=post,PUT host=*.example.com path=/login on_missing=deny
@@ -22,7 +22,7 @@ name=upload key=header:X-User-Id limit=1048576/1h algorithm=token_bucket cost=he
 		t.Fatalf("%d rules, want %d", got, want)
 	}
 	login := rules[1]
-	spec := login.Limit.Spec()
+	spec := login.Policy.Spec()
 	if login.Name != "login" || spec.Algorithm != algo.GCRA || spec.Limit != 5 || spec.Window != time.Minute || spec.Burst != 2 {
 		t.Errorf("login = %s", login)
 	}
@@ -36,14 +36,14 @@ name=upload key=header:X-User-Id limit=1048576/1h algorithm=token_bucket cost=he
 	if upload.CostHeader != "Content-Length" || upload.PathRegexp == nil || !upload.Shadow || !upload.PathRegexp.MatchString("/upload/42") {
 		t.Errorf("upload = %s", upload)
 	}
-	smooth := rules[3].Limit.Spec()
+	smooth := rules[3].Policy.Spec()
 	if smooth.Window != time.Second || smooth.Delay != 500*time.Millisecond || rules[3].Key[0].Kind != PartGlobal {
 		t.Errorf("smooth = %s", rules[3])
 	}
-	if got := rules[4].Limit.Spec(); got.Window != 24*time.Hour || got.Cost != 2 {
+	if got := rules[4].Policy.Spec(); got.Window != 24*time.Hour || got.Cost != 2 {
 		t.Errorf("sms-day = %s", rules[4])
 	}
-	if got := rules[0].Limit.Spec().Algorithm; got != algo.SlidingWindowCounter {
+	if got := rules[0].Policy.Spec().Algorithm; got != algo.SlidingWindowCounter {
 		t.Errorf("default algorithm = %v, want sliding_window_counter", got)
 	}
 }
@@ -51,15 +51,15 @@ name=upload key=header:X-User-Id limit=1048576/1h algorithm=token_bucket cost=he
 // TestRuleStringRoundTrips: what -check prints parses back to the same rule.
 func TestRuleStringRoundTrips(t *testing.T) {
 	src := "name=a key=ip+header:X-Key limit=3/500ms algorithm=token_bucket burst=7 cost=header:X-Cost method=GET host=api.example.com path=/v1 on_missing=deny shadow=true; " +
-		"name=b key=path limit=5/90m algorithm=leaky_bucket burst=2 delay=250ms cost=3 path=~^/x$; name=c key=global limit=1/1d"
-	rules, err := ParseRules(src)
+		"name=b key=path limit=5/90m algorithm=leaky_bucket burst=2 delay=250ms cost=2 path=~^/x$; name=c key=global limit=1/1d cost=header:X-Len cost_missing=deny; name=d limit=9/1s cost=header:X-Len cost_missing=4"
+	rules, err := Parse(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rules {
-		again, err := ParseRules(r.String())
+		again, err := Parse(r.String())
 		if err != nil {
-			t.Fatalf("ParseRules(%q): %v", r.String(), err)
+			t.Fatalf("Parse(%q): %v", r.String(), err)
 		}
 		if got := again[0].String(); got != r.String() {
 			t.Errorf("round trip:\n got %s\nwant %s", got, r.String())
@@ -106,18 +106,25 @@ func TestParseRulesErrorsNameRuleAndField(t *testing.T) {
 		{`name=a limit=1/1m; name=a limit=2/1m`, []string{`rule 2 "a": name: already used by rule 1`}},
 		{``, []string{"no rules"}},
 		{`# only a comment`, []string{"no rules"}},
-		{`name=a limit=1/1m algorithm=gcra key=global; name=b limit=1000000/1s algorithm=gcra`, []string{`rule 2 "b": limit "1000000/1s": 1000000 per 1s is faster than gcra can count`}},
+		{`name=a limit=10/1m cost=20`, []string{`rule 1 "a": cost "20": 20 is more than the policy ever admits at once (10)`}},
+		{`name=a limit=10/1m algorithm=token_bucket burst=3 cost=4`, []string{`cost "4": 4 is more than`}},
+		{`name=a limit=1/366d algorithm=token_bucket burst=1125899906842624`, []string{`burst "1125899906842624"`, "to refill"}},
+		{`name=a limit=1/1m cost_missing=5`, []string{`cost_missing: only with cost=header:<Name>`}},
+		{`name=a limit=10/1m cost=header:X-Len cost_missing=maybe`, []string{`cost_missing "maybe": want deny, or the cost to charge`}},
+		{`name=a limit=10/1m cost=header:X-Len cost_missing=11`, []string{`cost_missing "11": 11 is more than the rule ever admits at once (10)`}},
+		{`name=a limit=1/1m host=api.example.com:8080`, []string{`host "api.example.com:8080": requests are matched by host without a port: write host=api.example.com`}},
+		{`name=a limit=1/1m path=/login?x=1`, []string{`path "/login?x=1": a path prefix has no query or fragment`}},
 		{`name=x limit=0/0s burst=-1 algorithm=nope`, []string{`limit "0/0s"`, `burst "-1"`, `algorithm "nope"`}},
 	}
 	for _, tc := range tests {
-		_, err := ParseRules(tc.src)
+		_, err := Parse(tc.src)
 		if err == nil {
-			t.Errorf("ParseRules(%q) succeeded, want an error", tc.src)
+			t.Errorf("Parse(%q) succeeded, want an error", tc.src)
 			continue
 		}
 		for _, w := range tc.want {
 			if !strings.Contains(err.Error(), w) {
-				t.Errorf("ParseRules(%q) error:\n%v\ndoes not say %q", tc.src, err, w)
+				t.Errorf("Parse(%q) error:\n%v\ndoes not say %q", tc.src, err, w)
 			}
 		}
 	}
@@ -139,5 +146,28 @@ func TestParseDuration(t *testing.T) {
 	}
 	if _, err := parseDuration("99999999999999999d"); err == nil {
 		t.Error("parseDuration of an overflowing duration succeeded")
+	}
+}
+
+// TestRuleValuesAreNormalizedAsRequests: a host= or path= value is read as
+// requests are, so a rule matches what it says.
+func TestRuleValuesAreNormalizedAsRequests(t *testing.T) {
+	tests := []struct{ src, host, path string }{
+		{"host=API.Example.COM.", "api.example.com", ""},
+		{"host=*.Example.com.", "*.example.com", ""},
+		{"path=/log%69n", "", "/login"},
+		{"path=/a/../admin", "", "/admin"},
+		{"path=/LOGIN/", "", "/login/"},
+		{"path=//x/./y\\z", "", "/x/y/z"},
+	}
+	for _, tc := range tests {
+		rules, err := Parse("name=a limit=1/1m " + tc.src)
+		if err != nil {
+			t.Errorf("Parse(%q): %v", tc.src, err)
+			continue
+		}
+		if rules[0].Host != tc.host || rules[0].PathPrefix != tc.path {
+			t.Errorf("Parse(%q): host %q path %q, want %q %q", tc.src, rules[0].Host, rules[0].PathPrefix, tc.host, tc.path)
+		}
 	}
 }

@@ -1,6 +1,7 @@
-package handler
+package guard
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -8,7 +9,7 @@ import (
 	"github.com/authlimit/authlimit/algo"
 )
 
-// denyCache remembers, per rule and key, a denial and how long it holds: a
+// denyCache remembers, per policy and key, a denial and how long it holds: a
 // request of at least the same cost cannot pass before its retry-after, so
 // until then it is denied here without asking the store. This keeps a flood
 // from one client off Redis. It is bounded and sharded.
@@ -20,7 +21,7 @@ type denyCache struct {
 
 type denyShard struct {
 	mu sync.Mutex
-	m  map[string]denial
+	m  map[string]denial // by policy id and key tag
 }
 
 type denial struct {
@@ -38,18 +39,28 @@ func newDenyCache(size int) *denyCache {
 	return c
 }
 
-func (c *denyCache) shard(key string) *denyShard {
-	return &c.shards[maphash.String(c.seed, key)%uint64(len(c.shards))]
+// denyKey is a cache key on the stack: the policy's id, then the key tag.
+type denyKey struct {
+	b [4 + 64]byte
+	n int
 }
 
-// get returns the cached denial of key for a request of the given cost, with
-// its times brought up to now.
-func (c *denyCache) get(key string, cost int64, now time.Time) (algo.Result, bool) {
-	sh := c.shard(key)
+func (c *denyCache) key(k *denyKey, id uint32, tag []byte) (*denyShard, []byte) {
+	binary.LittleEndian.PutUint32(k.b[:4], id)
+	k.n = 4 + copy(k.b[4:], tag)
+	b := k.b[:k.n]
+	return &c.shards[maphash.Bytes(c.seed, b)%uint64(len(c.shards))], b
+}
+
+// get returns the cached denial of the policy's key for a request of the
+// given cost, with its times brought up to now.
+func (c *denyCache) get(id uint32, tag []byte, cost int64, now time.Time) (algo.Result, bool) {
+	var k denyKey
+	sh, b := c.key(&k, id, tag)
 	sh.mu.Lock()
-	d, ok := sh.m[key]
+	d, ok := sh.m[string(b)]
 	if ok && !now.Before(d.until) {
-		delete(sh.m, key)
+		delete(sh.m, string(b))
 		ok = false
 	}
 	sh.mu.Unlock()
@@ -64,14 +75,21 @@ func (c *denyCache) get(key string, cost int64, now time.Time) (algo.Result, boo
 }
 
 // put remembers a denial that waiting cures (ReasonLimited).
-func (c *denyCache) put(key string, cost int64, res algo.Result, now time.Time) {
+func (c *denyCache) put(id uint32, tag []byte, cost int64, res algo.Result, now time.Time) {
 	if res.Reason != algo.ReasonLimited || res.RetryAfter <= 0 {
 		return
 	}
-	sh := c.shard(key)
+	var k denyKey
+	sh, b := c.key(&k, id, tag)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if _, ok := sh.m[key]; !ok && len(sh.m) >= c.perShard {
+	if d, ok := sh.m[string(b)]; ok {
+		// Refresh in place: the map keeps its key, nothing allocates.
+		d.at, d.until, d.cost, d.res = now, now.Add(res.RetryAfter), cost, res
+		sh.m[string(b)] = d
+		return
+	}
+	if len(sh.m) >= c.perShard {
 		// Make room: drop expired entries among a random few (map
 		// iteration starts anywhere), else the last of them.
 		var last string
@@ -89,5 +107,5 @@ func (c *denyCache) put(key string, cost int64, res algo.Result, now time.Time) 
 			delete(sh.m, last)
 		}
 	}
-	sh.m[key] = denial{at: now, until: now.Add(res.RetryAfter), cost: cost, res: res}
+	sh.m[string(b)] = denial{at: now, until: now.Add(res.RetryAfter), cost: cost, res: res}
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-func TestNewRuleRejectsBadInput(t *testing.T) {
+func TestNewPolicyRejectsBadInput(t *testing.T) {
 	ok := Spec{Name: "ok", Algorithm: TokenBucket, Limit: 10, Window: time.Second}
 	with := func(f func(*Spec)) Spec { s := ok; f(&s); return s }
 	tests := []struct {
@@ -39,17 +39,20 @@ func TestNewRuleRejectsBadInput(t *testing.T) {
 		{"name with a brace", with(func(s *Spec) { s.Name = "a{b}" }), "name", `contains '{'`},
 		{"upper-case name", with(func(s *Spec) { s.Name = "Login" }), "name", `contains 'L'`},
 		{"long name", with(func(s *Spec) { s.Name = strings.Repeat("a", 65) }), "name", "65 bytes long"},
-		{"gcra faster than it can count", with(func(s *Spec) { s.Algorithm, s.Limit, s.Window = GCRA, 1000, time.Millisecond }), "limit", "faster than gcra can count"},
+		{"a burst that takes 10^12 years to refill", with(func(s *Spec) { s.Limit, s.Window, s.Burst = 1, MaxWindow, MaxLimit }), "burst", "longer than"},
+		{"a gcra burst of 11 at 1 a year", with(func(s *Spec) { s.Algorithm, s.Limit, s.Window, s.Burst = GCRA, 1, MaxWindow, 11 }), "burst", "to refill"},
+		{"a fixed cost above the limit", with(func(s *Spec) { s.Algorithm, s.Limit, s.Cost = FixedWindow, 10, 20 }), "cost", "more than the policy ever admits"},
+		{"a fixed cost above the burst", with(func(s *Spec) { s.Burst, s.Cost = 3, 4 }), "cost", "more than the policy ever admits"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := NewRule(tc.spec)
+			r, err := NewPolicy(tc.spec)
 			if err == nil {
-				t.Fatalf("NewRule(%+v) = %+v, want an error about %s", tc.spec, r, tc.field)
+				t.Fatalf("NewPolicy(%+v) = %+v, want an error about %s", tc.spec, r, tc.field)
 			}
-			var re *RuleError
+			var re *SpecError
 			if !errors.As(err, &re) {
-				t.Fatalf("NewRule error %v is not a *RuleError", err)
+				t.Fatalf("NewRule error %v is not a *SpecError", err)
 			}
 			if re.Field != tc.field {
 				t.Errorf("error field = %q, want %q (%v)", re.Field, tc.field, err)
@@ -64,37 +67,55 @@ func TestNewRuleRejectsBadInput(t *testing.T) {
 	}
 }
 
-func TestNewRuleReportsEveryProblem(t *testing.T) {
-	_, err := NewRule(Spec{Name: "x", Algorithm: FixedWindow, Limit: 0, Window: 0, Burst: 3})
+func TestNewPolicyReportsEveryProblem(t *testing.T) {
+	_, err := NewPolicy(Spec{Name: "x", Algorithm: FixedWindow, Limit: 0, Window: 0, Burst: 3})
 	for _, field := range []string{"limit:", "window:", "burst:"} {
 		if err == nil || !strings.Contains(err.Error(), field) {
-			t.Errorf("NewRule error %v does not name %s", err, field)
+			t.Errorf("NewPolicy error %v does not name %s", err, field)
 		}
 	}
 }
 
-func TestNewRuleAcceptsExtremesWithinBounds(t *testing.T) {
+func TestNewPolicyAcceptsExtremesWithinBounds(t *testing.T) {
 	for _, a := range Algorithms() {
 		for _, s := range []Spec{
 			{Limit: 1, Window: MinWindow},
+			{Limit: MaxLimit, Window: MinWindow},
 			{Limit: MaxLimit, Window: MaxWindow},
 			{Limit: 1, Window: MaxWindow},
+			{Limit: MaxLimit, Window: MinWindow, Delay: MaxDelay},
+			{Limit: 1, Window: MaxWindow, Cost: 1},
 		} {
 			s.Name, s.Algorithm = "x", a
-			if a == GCRA && s.Limit == MaxLimit {
-				continue // faster than gcra counts: rejected above
+			if a != LeakyBucket {
+				s.Delay = 0
 			}
-			r, err := NewRule(s)
+			r, err := NewPolicy(s)
 			if err != nil {
-				t.Errorf("NewRule(%+v): %v", s, err)
+				t.Errorf("NewPolicy(%+v): %v", s, err)
 				continue
 			}
+			if r.MaxCost() < r.Capacity() || r.MaxCost() > MaxLimit {
+				t.Errorf("%s %+v: MaxCost %d, want between Capacity %d and 2^50", a, s, r.MaxCost(), r.Capacity())
+			}
 			// A decision at the extremes stays sane: the first request
-			// of cost 1 passes, a request above capacity is refused.
+			// of cost 1 passes, one of the most the policy admits passes
+			// on a fresh key, a request above it is refused.
 			m := NewMemory(MemoryOptions{SweepInterval: -1})
-			res := decideOne(t, m, Request{Rule: r, Key: "k"})
+			res := decideOne(t, m, Request{Policy: r, Key: []byte("k")})
 			if !res.Allowed || res.Remaining != r.Capacity()-1 {
 				t.Errorf("%s %+v: first request = %+v, want allowed with %d remaining", a, s, res, r.Capacity()-1)
+			}
+			if res := decideOne(t, m, Request{Policy: r, Key: []byte("fresh"), Cost: r.MaxCost()}); !res.Allowed {
+				t.Errorf("%s %+v: a request of MaxCost %d on a fresh key = %+v, want allowed", a, s, r.MaxCost(), res)
+			}
+			if r.MaxCost() < MaxLimit {
+				if res := decideOne(t, m, Request{Policy: r, Key: []byte("fresh2"), Cost: r.MaxCost() + 1}); res.Reason != ReasonCostTooHigh {
+					t.Errorf("%s %+v: a request above MaxCost = %+v, want cost too high", a, s, res)
+				}
+			}
+			if res.ResetAfter < 0 || res.RetryAfter < 0 {
+				t.Errorf("%s %+v: negative durations %+v", a, s, res)
 			}
 			_ = m.Close()
 		}
@@ -116,19 +137,21 @@ func TestParseAlgorithm(t *testing.T) {
 func TestDecideRejectsBadRequests(t *testing.T) {
 	clock := newFakeClock(epoch)
 	for _, st := range bothStores(t, clock) {
-		a := mustRule(t, Spec{Name: "a", Algorithm: FixedWindow, Limit: 5, Window: time.Second})
+		a := mustPolicy(t, Spec{Name: "a", Algorithm: FixedWindow, Limit: 5, Window: time.Second})
 		tests := []struct {
 			name string
 			reqs []Request
 			res  int
 		}{
 			{"no requests", nil, 0},
-			{"negative cost", []Request{{Rule: a, Key: "k", Cost: -1}}, 1},
-			{"cost 2^62", []Request{{Rule: a, Key: "k", Cost: 1 << 62}}, 1},
-			{"short result slice", []Request{{Rule: a, Key: "k"}}, 0},
-			{"nil rule", []Request{{Key: "k"}}, 1},
-			{"rule twice", []Request{{Rule: a, Key: "k"}, {Rule: a, Key: "j"}}, 2},
-			{"too many rules", make([]Request, maxRulesPerDecision+1), maxRulesPerDecision + 1},
+			{"negative cost", []Request{{Policy: a, Key: []byte("k"), Cost: -1}}, 1},
+			{"cost 2^62", []Request{{Policy: a, Key: []byte("k"), Cost: 1 << 62}}, 1},
+			{"short result slice", []Request{{Policy: a, Key: []byte("k")}}, 0},
+			{"nil policy", []Request{{Key: []byte("k")}}, 1},
+			{"policy twice", []Request{{Policy: a, Key: []byte("k")}, {Policy: a, Key: []byte("j")}}, 2},
+			{"a key that is not a tag", []Request{{Policy: a, Key: []byte("{k}")}}, 1},
+			{"an empty key", []Request{{Policy: a, Key: nil}}, 1},
+			{"too many rules", make([]Request, MaxRules+1), MaxRules + 1},
 		}
 		for _, tc := range tests {
 			t.Run(st.name+"/"+tc.name, func(t *testing.T) {

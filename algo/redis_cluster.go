@@ -1,0 +1,357 @@
+package algo
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/authlimit/authlimit/scripts"
+)
+
+// runCluster sends a batch as one decide.lua call per slot, pipelined to
+// the nodes that serve them, settles requests that span slots (refunding
+// the slots that admitted a request another slot denied), and completes the
+// calls.
+func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
+	groups := map[uint16][]*part{}
+	var order []uint16
+	for _, c := range live {
+		for i := range c.parts {
+			p := &c.parts[i]
+			if _, ok := groups[p.slot]; !ok {
+				order = append(order, p.slot)
+			}
+			groups[p.slot] = append(groups[p.slot], p)
+		}
+	}
+	blobs := make([][]byte, len(order))
+	keys := make([][]string, len(order))
+	for i, s := range order {
+		w.parts = groups[s]
+		blobs[i] = r.appendBatch(nil, w, 1)
+		for _, p := range groups[s] {
+			keys[i] = append(keys[i], p.keys...)
+		}
+	}
+	cmds := r.pipelineEval(ctx, r.decideSHA, scripts.Decide, keys, blobs)
+	for i, s := range order {
+		err := cmds[i].Err()
+		if err == nil {
+			err = r.parseReply(cmds[i], groups[s], true)
+		}
+		if err != nil {
+			err = classify(err)
+			for _, p := range groups[s] {
+				p.c.err = err
+			}
+		}
+	}
+	var lost []refund
+	for _, c := range live {
+		c.admitted = c.err == nil
+		for i := range c.parts {
+			c.admitted = c.admitted && c.parts[i].admitted
+		}
+		if !c.admitted {
+			lost = r.undo(c, lost)
+		}
+	}
+	// The refunds are owed before any caller hears its answer, so that
+	// whoever waits for them after an answer waits for these too.
+	if len(lost) > 0 {
+		r.owed.Add(1)
+	}
+	for _, c := range live {
+		r.complete(c, c.err)
+	}
+	if len(lost) > 0 {
+		select {
+		case r.refunds <- lost:
+		case <-r.stop:
+			r.onLost(len(lost), errClosed)
+			r.owed.Done()
+		}
+	}
+}
+
+// undo collects the refunds of a request that is not admitted but that
+// some of its slots admitted, and shows those slots' rules as unconsumed.
+func (r *Redis) undo(c *call, rs []refund) []refund {
+	for i := range c.parts {
+		p := &c.parts[i]
+		if !p.admitted {
+			continue
+		}
+		for j, id := range p.ids {
+			res := &c.res[p.idx[j]]
+			if !res.Allowed {
+				continue // a shadow rule that denied consumed nothing
+			}
+			cost := p.costs[j]
+			rs = append(rs, refund{id: id, cost: cost, key: p.keys[j], token: p.tokens[j], slot: p.slot})
+			res.Remaining = min(res.Remaining+cost, res.Limit)
+			res.Delay = 0
+		}
+	}
+	return rs
+}
+
+// pipelineEval runs a script once per blob, with the blob's keys, in one
+// pipeline over the cluster, by digest and, where a node lost its script
+// cache, again by source.
+func (r *Redis) pipelineEval(ctx context.Context, sha, src string, keys [][]string, blobs [][]byte) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(blobs))
+	pipe := r.cluster.Pipeline()
+	for i := range blobs {
+		cmds[i] = pipe.EvalSha(ctx, sha, keys[i], blobs[i])
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	var again []int
+	for i, cmd := range cmds {
+		if isNoScript(cmd.Err()) {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		pipe = r.cluster.Pipeline()
+		for _, i := range again {
+			cmds[i] = pipe.Eval(ctx, src, keys[i], blobs[i])
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	return cmds
+}
+
+// refund is one rule's consumption to take back.
+type refund struct {
+	id    uint16
+	cost  int64
+	key   string
+	token float64
+	slot  uint16
+}
+
+// errNotApplied says a refund found its state rewritten since.
+var errNotApplied = errors.New("redis refund: the state was rewritten since the decision")
+
+// refundLoop applies refunds in the background, so that a denied request
+// is answered at once, and retries them, so that a refund whose slot is
+// moving still happens; what cannot be applied is reported to OnRefundLost.
+func (r *Redis) refundLoop() {
+	defer r.wg.Done()
+	for {
+		select {
+		case rs := <-r.refunds:
+			r.applyRefunds(rs)
+			r.owed.Done()
+		case <-r.stop:
+			for {
+				select {
+				case rs := <-r.refunds:
+					r.onLost(len(rs), errClosed)
+					r.owed.Done()
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (r *Redis) applyRefunds(rs []refund) {
+	var err error
+	for attempt := 0; attempt < 5 && len(rs) > 0; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-time.After(min(100*time.Millisecond<<attempt, time.Second)):
+			case <-r.stop:
+				r.onLost(len(rs), errClosed)
+				return
+			}
+			r.cluster.ReloadState(context.Background())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		rs, err = r.refundOnce(ctx, rs)
+		cancel()
+	}
+	if len(rs) > 0 {
+		r.onLost(len(rs), err)
+	}
+}
+
+// refundOnce runs refund.lua once per slot and returns the refunds that
+// failed, to retry.
+func (r *Redis) refundOnce(ctx context.Context, rs []refund) ([]refund, error) {
+	groups := map[uint16][]refund{}
+	var order []uint16
+	for _, f := range rs {
+		if _, ok := groups[f.slot]; !ok {
+			order = append(order, f.slot)
+		}
+		groups[f.slot] = append(groups[f.slot], f)
+	}
+	blobs := make([][]byte, len(order))
+	keys := make([][]string, len(order))
+	for i, s := range order {
+		blobs[i], keys[i] = r.appendRefunds(groups[s])
+	}
+	cmds := r.pipelineEval(ctx, r.refundSHA, scripts.Refund, keys, blobs)
+	var failed []refund
+	var errs []error
+	for i, s := range order {
+		n, err := cmds[i].Int()
+		switch {
+		case err != nil:
+			failed = append(failed, groups[s]...)
+			errs = append(errs, err)
+		case n < len(groups[s]):
+			r.onLost(len(groups[s])-n, errNotApplied)
+		}
+	}
+	return failed, errors.Join(errs...)
+}
+
+// appendRefunds builds refund.lua's argument and keys for refunds of one
+// slot.
+func (r *Redis) appendRefunds(rs []refund) ([]byte, []string) {
+	pinned := -1.0
+	if r.clock != nil {
+		pinned = float64(sinceEpoch(r.clock()))
+	}
+	b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(pinned))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(rs)))
+	npolAt := len(b)
+	b = append(b, 0, 0)
+	seen := map[uint16]bool{}
+	for _, f := range rs {
+		if !seen[f.id] {
+			seen[f.id] = true
+			b = r.policy(f.id).appendParams(b, f.id)
+		}
+	}
+	binary.LittleEndian.PutUint16(b[npolAt:], uint16(len(seen)))
+	keys := make([]string, 0, len(rs))
+	for _, f := range rs {
+		b = binary.LittleEndian.AppendUint16(b, f.id)
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(f.cost)))
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(f.key)))
+		b = append(b, f.key...)
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f.token))
+		keys = append(keys, f.key)
+	}
+	return b, keys
+}
+
+// Shards appends to dst the numbers of the parts of Redis that decide
+// reqs, each once: in a cluster, the primaries that serve their slots, as
+// the client last learned them; otherwise 0. A guard keeps a circuit breaker
+// per shard, so that one failing primary does not send every decision to
+// the fail mode.
+func (r *Redis) Shards(dst []int, reqs []Request) []int {
+	if r.cluster == nil {
+		return append(dst, 0)
+	}
+	for i := range reqs {
+		n := r.shardOf(slot(reqs[i].Key))
+		found := false
+		for _, d := range dst {
+			found = found || d == n
+		}
+		if !found {
+			dst = append(dst, n)
+		}
+	}
+	return dst
+}
+
+// slotKeys holds, per cluster slot, a short key that hashes to it, so that
+// the client's routing can be asked about a slot without building a key.
+type slotKeys [16384]string
+
+func newSlotKeys() *slotKeys {
+	var k slotKeys
+	left := len(k)
+	for n := 0; left > 0; n++ {
+		s := strconv.Itoa(n)
+		if h := slot([]byte(s)); k[h] == "" {
+			k[h] = s
+			left--
+		}
+	}
+	return &k
+}
+
+// shardOf returns the shard number of the primary serving the slot, or -1
+// if the client does not know one.
+func (r *Redis) shardOf(s uint16) int {
+	r.nodeMu.RLock()
+	keys := r.slotKeys
+	r.nodeMu.RUnlock()
+	if keys == nil {
+		r.nodeMu.Lock()
+		if r.slotKeys == nil {
+			r.slotKeys = newSlotKeys()
+		}
+		keys = r.slotKeys
+		r.nodeMu.Unlock()
+	}
+	c, err := r.cluster.MasterForKey(context.Background(), keys[s])
+	if err != nil {
+		return -1
+	}
+	addr := c.Options().Addr
+	r.nodeMu.RLock()
+	n, ok := r.nodes[addr]
+	r.nodeMu.RUnlock()
+	if ok {
+		return n
+	}
+	r.nodeMu.Lock()
+	defer r.nodeMu.Unlock()
+	if n, ok := r.nodes[addr]; ok {
+		return n
+	}
+	n = len(r.nodeAddrs)
+	r.nodes[addr] = n
+	r.nodeAddrs = append(r.nodeAddrs, addr)
+	return n
+}
+
+// Probe reports whether a shard (see Shards) answers again, and if it does,
+// loads the scripts into it. In a cluster, a failed probe also has the
+// client reload the cluster's layout, so that routing learns of a failover.
+func (r *Redis) Probe(ctx context.Context, shard int) error {
+	if r.cluster == nil {
+		return r.Warm(ctx)
+	}
+	r.nodeMu.RLock()
+	var addr string
+	if shard >= 0 && shard < len(r.nodeAddrs) {
+		addr = r.nodeAddrs[shard]
+	}
+	r.nodeMu.RUnlock()
+	err := fmt.Errorf("redis probe: no primary known for shard %d", shard)
+	if addr != "" {
+		err = r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			if c.Options().Addr != addr {
+				return nil
+			}
+			for _, src := range []string{scripts.Decide, scripts.Refund} {
+				if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		r.cluster.ReloadState(ctx)
+	}
+	return err
+}

@@ -1,0 +1,412 @@
+// Package guard decides with a store it does not trust to answer: a Guard
+// implements the same Decide as the stores it wraps, and adds what a
+// network store needs. It keeps a circuit breaker per shard of the store
+// (one for a single Redis, one per primary of a Redis Cluster), probes an
+// open circuit in the background until the shard answers again, answers
+// with the fail mode while a circuit is open, keeps a local store in step
+// with the shared one so that the local fallback never hands out a fresh
+// quota, and remembers denials so that a flood from one client stays off the
+// store.
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/authlimit/authlimit/algo"
+)
+
+// Store decides the policies of one request atomically (algo.Redis and
+// algo.Memory are two). An error means no decision is known.
+type Store interface {
+	Decide(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error)
+}
+
+// Sharded is a store made of parts that fail apart, such as the primaries
+// of a Redis Cluster: Shards appends the parts a decision needs, each once.
+type Sharded interface {
+	Shards(dst []int, reqs []algo.Request) []int
+}
+
+// Prober is a store that can be asked whether a shard answers again.
+type Prober interface {
+	Probe(ctx context.Context, shard int) error
+}
+
+// Warmer is a store that gets ready to decide without delay (scripts
+// loaded, connections open).
+type Warmer interface {
+	Warm(ctx context.Context) error
+}
+
+// FailMode is what answers while a store's circuit is open.
+type FailMode uint8
+
+// The fail modes.
+const (
+	FailLocal  FailMode = iota // decide with the local store
+	FailOpen                   // allow
+	FailClosed                 // answer 503
+)
+
+func (m FailMode) String() string {
+	switch m {
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	}
+	return "local"
+}
+
+// ParseFailMode reads open, closed or local.
+func ParseFailMode(s string) (FailMode, error) {
+	for _, m := range []FailMode{FailOpen, FailClosed, FailLocal} {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown fail mode %q (want open, closed or local)", s)
+}
+
+// The outcomes of Decide that are not a store's decision.
+var (
+	// ErrUnavailable: no decision could be made; answer 503. Decide
+	// returns it with fail mode closed, and when a call that was sent
+	// fails or passes its budget while the circuit is closed: the store
+	// is believed healthy, the request may have been decided there, and a
+	// fail mode must not admit a request whose decision merely failed, or
+	// a client could gain by making its own decision slow.
+	ErrUnavailable = errors.New("store unavailable")
+	// ErrFailedOpen: the store cannot decide and the fail mode is open:
+	// admit, with no counts to report.
+	ErrFailedOpen = errors.New("store unavailable: failing open")
+)
+
+// Options configure a Guard. The caller gives every value; the defaults
+// live with the configuration that reads them.
+type Options struct {
+	// Store decides. Required.
+	Store Store
+	// Remote marks Store as one that can fail (Redis): decisions go
+	// through breakers and, when they are open, the fail mode. A store
+	// that is not remote (the embedded memory store) is called directly.
+	Remote bool
+	// FailMode answers while a circuit is open.
+	FailMode FailMode
+	// Local is the fallback store for FailLocal, usually algo.Memory. It
+	// records every admission Store makes, so it continues from what
+	// this replica admitted rather than from nothing.
+	Local Store
+	// Policies are every policy Decide will be asked about.
+	Policies []*algo.Policy
+	// LocalDivisor divides every policy's limit and burst in Local: the
+	// number of replicas deciding locally at once.
+	LocalDivisor int
+	// BreakerFailures consecutive failed calls open a shard's circuit.
+	BreakerFailures int
+	// BreakerBackoff is the time between probes of an open circuit at
+	// first; it doubles per failed probe up to BreakerMaxBackoff.
+	BreakerBackoff, BreakerMaxBackoff time.Duration
+	// ProbeTimeout bounds one probe.
+	ProbeTimeout time.Duration
+	// DenyCacheSize bounds the deny cache; 0 disables it.
+	DenyCacheSize int
+	// Registry receives the guard's metrics.
+	Registry prometheus.Registerer
+	// Logger logs circuit changes.
+	Logger *slog.Logger
+	// Clock returns the current time. Default time.Now.
+	Clock func() time.Time
+}
+
+// Guard decides through a store that may fail. Build it with New; call
+// Start before serving and Close when done.
+type Guard struct {
+	store    Store
+	remote   bool
+	sharded  Sharded
+	prober   Prober
+	failMode FailMode
+	local    Store
+	divided  map[*algo.Policy]*algo.Policy
+	ids      map[*algo.Policy]uint32
+	denies   *denyCache
+	metrics  *metrics
+	log      *slog.Logger
+	clock    func() time.Time
+
+	breakers *breakers
+}
+
+// New validates opts and returns a Guard.
+func New(opts Options) (*Guard, error) {
+	var errs []error
+	if opts.Store == nil {
+		errs = append(errs, errors.New("guard: no store"))
+	}
+	if opts.Remote && opts.FailMode == FailLocal && opts.Local == nil {
+		errs = append(errs, errors.New("guard: fail mode local needs a local store"))
+	}
+	if opts.Remote && (opts.BreakerFailures < 1 || opts.BreakerBackoff <= 0 || opts.BreakerMaxBackoff < opts.BreakerBackoff || opts.ProbeTimeout <= 0) {
+		errs = append(errs, fmt.Errorf("guard: breaker settings %d, %v, %v, %v are out of range", opts.BreakerFailures, opts.BreakerBackoff, opts.BreakerMaxBackoff, opts.ProbeTimeout))
+	}
+	if opts.LocalDivisor < 1 {
+		opts.LocalDivisor = 1
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	g := &Guard{
+		store:    opts.Store,
+		remote:   opts.Remote,
+		failMode: opts.FailMode,
+		local:    opts.Local,
+		divided:  map[*algo.Policy]*algo.Policy{},
+		ids:      map[*algo.Policy]uint32{},
+		log:      opts.Logger,
+		clock:    opts.Clock,
+	}
+	g.sharded, _ = opts.Store.(Sharded)
+	g.prober, _ = opts.Store.(Prober)
+	for i, p := range opts.Policies {
+		g.ids[p] = uint32(i)
+		if opts.Remote && opts.FailMode == FailLocal {
+			d, err := p.Divided(opts.LocalDivisor)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("guard: policy %q divided by %d: %w", p.Name(), opts.LocalDivisor, err))
+				continue
+			}
+			g.divided[p] = d
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	var err error
+	if g.metrics, err = newMetrics(opts.Registry); err != nil {
+		return nil, err
+	}
+	if opts.DenyCacheSize > 0 {
+		g.denies = newDenyCache(opts.DenyCacheSize)
+	}
+	g.breakers = newBreakers(opts.BreakerFailures, opts.BreakerBackoff, opts.BreakerMaxBackoff, opts.ProbeTimeout, g)
+	return g, nil
+}
+
+// Start gets a remote store ready (see Warmer) and starts probing. If the
+// store is not ready, every circuit starts open: decisions take the fail
+// mode until a probe succeeds. It returns the store's error, for the
+// caller to report; it is no reason to stop.
+func (g *Guard) Start(ctx context.Context) error {
+	if !g.remote {
+		return nil
+	}
+	var err error
+	if w, ok := g.store.(Warmer); ok {
+		err = w.Warm(ctx)
+	}
+	if err != nil {
+		g.breakers.openAll()
+	}
+	g.breakers.start()
+	return err
+}
+
+// Close stops probing.
+func (g *Guard) Close() { g.breakers.stop() }
+
+// Decide decides reqs as the store does, with the store's results, or, when
+// the store cannot answer, with the fail mode: the local store's results,
+// ErrFailedOpen or ErrUnavailable. An error wrapping algo.ErrInvalid means
+// the requests were invalid.
+func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error) {
+	now := g.clock()
+	if g.denies != nil && g.fromDenyCache(reqs, res, now) {
+		return false, nil
+	}
+	if !g.remote {
+		start := time.Now()
+		ok, err := g.store.Decide(ctx, reqs, res)
+		g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
+		if err == nil {
+			g.remember(reqs, res, now)
+		}
+		return ok, err
+	}
+
+	var shardBuf [8]int
+	shards := shardBuf[:0]
+	if g.sharded != nil {
+		shards = g.sharded.Shards(shards, reqs)
+	} else {
+		shards = append(shards, 0)
+	}
+	if !g.breakers.allow(shards) {
+		return g.failMode.decide(g, ctx, reqs, res)
+	}
+	start := time.Now()
+	ok, err := g.store.Decide(ctx, reqs, res)
+	g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		g.breakers.success(shards)
+		g.remember(reqs, res, now)
+		if ok {
+			g.mirror(ctx, reqs)
+		}
+		return ok, nil
+	case errors.Is(err, algo.ErrInvalid):
+		return false, err
+	}
+	g.log.Debug("store failed", "err", err)
+	switch {
+	case errors.Is(err, algo.ErrUnreachable):
+		// Nothing was sent, so nothing was decided or consumed, and no
+		// client can cause this: the store is down. Open the circuit now
+		// and answer with the fail mode.
+		g.metrics.unreachable.Inc()
+		g.breakers.trip(shards)
+		return g.failMode.decide(g, ctx, reqs, res)
+	case errors.Is(err, context.DeadlineExceeded):
+		g.metrics.timeouts.Inc()
+		// The call may still have been decided, and consumed, in the
+		// store: count it as consumed locally, so the fallback does not
+		// admit what the store may have admitted.
+		g.mirror(ctx, reqs)
+	default:
+		g.metrics.errors.Inc()
+	}
+	g.breakers.failure(shards)
+	g.metrics.unavailable.Inc()
+	return false, ErrUnavailable
+}
+
+// decide answers with the fail mode.
+func (m FailMode) decide(g *Guard, ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error) {
+	g.metrics.failMode[m].Inc()
+	switch m {
+	case FailOpen:
+		return true, ErrFailedOpen
+	case FailClosed:
+		return false, ErrUnavailable
+	}
+	var buf [8]algo.Request
+	local := g.localRequests(buf[:0], reqs)
+	start := time.Now()
+	ok, err := g.local.Decide(ctx, local, res)
+	g.metrics.localLatency.Observe(time.Since(start).Seconds())
+	return ok, err
+}
+
+// localRequests returns reqs with the local store's divided policies.
+func (g *Guard) localRequests(dst, reqs []algo.Request) []algo.Request {
+	for _, q := range reqs {
+		if d, ok := g.divided[q.Policy]; ok {
+			q.Policy = d
+			q.Cost = min(q.EffectiveCost(), d.MaxCost())
+		}
+		dst = append(dst, q)
+	}
+	return dst
+}
+
+// mirror records in the local store a request the store admitted (or may
+// have), so that the local store, should it decide, continues from there.
+// A request the local store would deny leaves it as it is: full.
+func (g *Guard) mirror(ctx context.Context, reqs []algo.Request) {
+	if g.failMode != FailLocal {
+		return
+	}
+	var buf [8]algo.Request
+	var resBuf [8]algo.Result
+	local := g.localRequests(buf[:0], reqs)
+	res := resBuf[:]
+	if len(local) > len(res) {
+		res = make([]algo.Result, len(local))
+	}
+	_, _ = g.local.Decide(ctx, local, res)
+}
+
+// Ready reports whether decisions come from the store, and if not, what
+// answers instead. A guard whose fail mode is closed is not ready while
+// every known shard's circuit is open: it could only answer 503.
+func (g *Guard) Ready() (ready bool, detail string) {
+	if !g.remote {
+		return true, "ready"
+	}
+	open, known := g.breakers.openShards()
+	switch {
+	case open == 0:
+		return true, "ready"
+	case g.failMode == FailClosed && open >= known:
+		return false, "not ready: the store does not answer; fail mode closed answers 503"
+	case g.failMode == FailClosed:
+		return true, fmt.Sprintf("degraded: %d of %d store shards do not answer; their requests get 503", open, known)
+	}
+	return true, fmt.Sprintf("degraded: %d of %d store shards do not answer; deciding their requests with fail mode %s", open, known, g.failMode)
+}
+
+// fromDenyCache answers from the deny cache when an enforcing policy's key
+// was denied moments ago and cannot pass yet. Only the cached policy's
+// answer is known; the others consumed nothing and are reported as allowing.
+func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.Time) bool {
+	hit := -1
+	for i := range reqs {
+		q := &reqs[i]
+		if q.Shadow {
+			continue
+		}
+		if r, ok := g.denies.get(g.ids[q.Policy], q.Key, q.EffectiveCost(), now); ok {
+			res[i], hit = r, i
+			break
+		}
+	}
+	if hit < 0 {
+		return false
+	}
+	g.metrics.denyCacheHits.Inc()
+	for i := range reqs {
+		if i != hit {
+			c := reqs[i].Policy.Capacity()
+			res[i] = algo.Result{Allowed: true, Limit: c, Remaining: c}
+		}
+	}
+	return true
+}
+
+// remember puts the store's waiting-cures denials in the deny cache.
+func (g *Guard) remember(reqs []algo.Request, res []algo.Result, now time.Time) {
+	if g.denies == nil {
+		return
+	}
+	for i := range reqs {
+		q := &reqs[i]
+		if !q.Shadow && res[i].Reason == algo.ReasonLimited {
+			g.denies.put(g.ids[q.Policy], q.Key, q.EffectiveCost(), res[i], now)
+		}
+	}
+}
+
+// circuitChanged reports a shard's circuit change.
+func (g *Guard) circuitChanged(shard int, from, to state) {
+	g.metrics.circuitChanges[to].Inc()
+	level := slog.LevelWarn
+	if to == stateClosed {
+		level = slog.LevelInfo
+	}
+	g.log.Log(context.Background(), level, "store circuit "+to.String(), "shard", shard, "from", from.String(), "fail_mode", g.failMode.String())
+}
+
+var _ Store = (*Guard)(nil)

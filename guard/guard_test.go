@@ -1,0 +1,376 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/authlimit/authlimit/algo"
+)
+
+// flaky is a store in front of a memory store whose shards the test breaks:
+// a broken shard fails calls with the error given, and probes of it fail.
+// It stands for Redis only in how it fails; the guard's decisions against
+// real Redis are tested in cmd/authlimit and e2e.
+type flaky struct {
+	mem    *algo.Memory
+	mu     sync.Mutex
+	broken map[int]error
+	calls  int
+	probes int
+}
+
+func (f *flaky) shard(q *algo.Request) int { return int(q.Key[0]) % 2 }
+
+func (f *flaky) Shards(dst []int, reqs []algo.Request) []int {
+	for i := range reqs {
+		s := f.shard(&reqs[i])
+		found := false
+		for _, d := range dst {
+			found = found || d == s
+		}
+		if !found {
+			dst = append(dst, s)
+		}
+	}
+	return dst
+}
+
+func (f *flaky) Decide(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error) {
+	f.mu.Lock()
+	f.calls++
+	var err error
+	for i := range reqs {
+		if e := f.broken[f.shard(&reqs[i])]; e != nil {
+			err = e
+		}
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	return f.mem.Decide(ctx, reqs, res)
+}
+
+func (f *flaky) Probe(_ context.Context, shard int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probes++
+	return f.broken[shard]
+}
+
+func (f *flaky) breakShard(s int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil {
+		delete(f.broken, s)
+	} else {
+		f.broken[s] = err
+	}
+}
+
+var (
+	errTimeout = fmt.Errorf("redis decide: %w", context.DeadlineExceeded)
+	errDown    = fmt.Errorf("redis decide: %w: refused", algo.ErrUnreachable)
+)
+
+type fixture struct {
+	startErr error
+	g        *Guard
+	store    *flaky
+	local    *algo.Memory
+	reg      *prometheus.Registry
+	p        *algo.Policy
+}
+
+func newFixture(t *testing.T, mode FailMode, opts ...func(*Options)) *fixture {
+	t.Helper()
+	mem := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
+	local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
+	t.Cleanup(func() { _ = mem.Close(); _ = local.Close() })
+	p, err := algo.NewPolicy(algo.Spec{Name: "p", Algorithm: algo.FixedWindow, Limit: 10, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{store: &flaky{mem: mem, broken: map[int]error{}}, local: local, reg: prometheus.NewRegistry(), p: p}
+	o := Options{
+		Store: f.store, Remote: true, FailMode: mode, Local: local, Policies: []*algo.Policy{p}, LocalDivisor: 2,
+		BreakerFailures: 3, BreakerBackoff: 10 * time.Millisecond, BreakerMaxBackoff: 40 * time.Millisecond,
+		ProbeTimeout: time.Second, DenyCacheSize: 100, Registry: f.reg,
+	}
+	for _, fn := range opts {
+		fn(&o)
+	}
+	if f.g, err = New(o); err != nil {
+		t.Fatal(err)
+	}
+	f.startErr = f.g.Start(context.Background())
+	t.Cleanup(f.g.Close)
+	return f
+}
+
+// key 'a' is shard 1, 'b' shard 0.
+func (f *fixture) decide(t *testing.T, key string) (algo.Result, bool, error) {
+	t.Helper()
+	var res [1]algo.Result
+	ok, err := f.g.Decide(context.Background(), []algo.Request{{Policy: f.p, Key: []byte(key)}}, res[:])
+	return res[0], ok, err
+}
+
+func (f *fixture) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := f.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.Metric {
+			label := mf.GetName()
+			for _, l := range m.Label {
+				label += "{" + l.GetName() + "=\"" + l.GetValue() + "\"}"
+			}
+			if label == name {
+				switch {
+				case m.Counter != nil:
+					return m.Counter.GetValue()
+				case m.Gauge != nil:
+					return m.Gauge.GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s after 5s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestTimeoutsNeverAdmitWhileClosed: a call that passed its budget may have
+// been decided in the store; while the circuit is closed, its request is
+// answered ErrUnavailable in every fail mode, and counted as consumed in
+// the local store. Only once the circuit opens does the fail mode answer.
+func TestTimeoutsNeverAdmitWhileClosed(t *testing.T) {
+	for _, mode := range []FailMode{FailLocal, FailOpen, FailClosed} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := newFixture(t, mode)
+			f.store.breakShard(1, errTimeout)
+			for i := 0; i < 3; i++ {
+				if _, ok, err := f.decide(t, "a"); ok || !errors.Is(err, ErrUnavailable) {
+					t.Fatalf("timeout %d with the circuit closed = %v, %v; want ErrUnavailable", i+1, ok, err)
+				}
+			}
+			res, ok, err := f.decide(t, "a")
+			switch mode {
+			case FailLocal:
+				// Limit 10 divided by 2; the 3 timed-out requests count.
+				if err != nil || !ok || res.Remaining != 5-3-1 {
+					t.Errorf("fail mode local after the circuit opened = %+v, %v, %v; want admitted with 1 left", res, ok, err)
+				}
+			case FailOpen:
+				if !ok || !errors.Is(err, ErrFailedOpen) {
+					t.Errorf("fail mode open = %v, %v", ok, err)
+				}
+			case FailClosed:
+				if ok || !errors.Is(err, ErrUnavailable) {
+					t.Errorf("fail mode closed = %v, %v", ok, err)
+				}
+			}
+			if got := f.metric(t, `authlimit_store_errors_total{kind="timeout"}`); got != 3 {
+				t.Errorf("timeouts counted %v, want 3", got)
+			}
+		})
+	}
+}
+
+// TestUnreachableOpensAtOnce: a call that was never sent (the store is
+// down) opens its shard's circuit at once and takes the fail mode.
+func TestUnreachableOpensAtOnce(t *testing.T) {
+	f := newFixture(t, FailOpen)
+	f.store.breakShard(1, errDown)
+	if _, ok, err := f.decide(t, "a"); !ok || !errors.Is(err, ErrFailedOpen) {
+		t.Fatalf("unreachable store, fail mode open = %v, %v; want failed open", ok, err)
+	}
+	calls := f.store.calls
+	if _, _, err := f.decide(t, "a"); !errors.Is(err, ErrFailedOpen) {
+		t.Fatal(err)
+	}
+	if f.store.calls != calls {
+		t.Errorf("the open circuit still called the store")
+	}
+	if ready, detail := f.g.Ready(); !ready || !strings.Contains(detail, "degraded") {
+		t.Errorf("Ready = %v %q, want ready but degraded", ready, detail)
+	}
+}
+
+// TestShardsFailApart: one shard's open circuit sends only its own
+// requests to the fail mode; the other shard keeps deciding in the store.
+func TestShardsFailApart(t *testing.T) {
+	f := newFixture(t, FailClosed)
+	f.store.breakShard(1, errDown)
+	if _, _, err := f.decide(t, "a"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("broken shard: %v", err)
+	}
+	for i := 0; i < 5; i++ {
+		res, ok, err := f.decide(t, "b")
+		if err != nil || !ok || res.Remaining != int64(10-i-1) {
+			t.Fatalf("healthy shard, request %d = %+v, %v, %v; want the store's answer", i+1, res, ok, err)
+		}
+	}
+	if ready, _ := f.g.Ready(); !ready {
+		t.Errorf("fail mode closed with one of two shards down: not ready, want ready (degraded)")
+	}
+	// A request that needs both shards takes the fail mode.
+	p2, _ := algo.NewPolicy(algo.Spec{Name: "q", Algorithm: algo.FixedWindow, Limit: 10, Window: time.Hour})
+	var res [2]algo.Result
+	if _, err := f.g.Decide(context.Background(), []algo.Request{{Policy: f.p, Key: []byte("b")}, {Policy: p2, Key: []byte("a")}}, res[:]); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("a request spanning the broken shard = %v, want ErrUnavailable", err)
+	}
+}
+
+// TestProbeClosesTheCircuitWithoutTraffic: an open circuit closes by
+// itself once its shard answers a probe, with no request arriving, and the
+// state gauge follows; probes back off and never run two at a time.
+func TestProbeClosesTheCircuitWithoutTraffic(t *testing.T) {
+	f := newFixture(t, FailLocal)
+	f.store.breakShard(1, errDown)
+	f.decide(t, "a")
+	if got := f.metric(t, "authlimit_circuit_state"); got != 2 {
+		t.Fatalf("circuit state %v after an unreachable store, want 2 (open)", got)
+	}
+	time.Sleep(200 * time.Millisecond)
+	f.store.mu.Lock()
+	probes := f.store.probes
+	f.store.mu.Unlock()
+	// Backoff 10, 20, 40, 40, ... ms: about 6 probes in 200ms, not 20.
+	if probes < 2 || probes > 10 {
+		t.Errorf("%d probes in 200ms with backoff 10ms to 40ms", probes)
+	}
+	start := time.Now()
+	f.store.breakShard(1, nil)
+	waitFor(t, "closed", func() bool { return f.metric(t, "authlimit_circuit_state") == 0 })
+	if took := time.Since(start); took > 200*time.Millisecond {
+		t.Errorf("the circuit closed %v after the store answered again, want within the longest backoff", took)
+	}
+	if _, ok, err := f.decide(t, "a"); err != nil || !ok {
+		t.Errorf("after the circuit closed: %v, %v", ok, err)
+	}
+	if ready, detail := f.g.Ready(); !ready || detail != "ready" {
+		t.Errorf("Ready = %v %q", ready, detail)
+	}
+}
+
+// TestReadyAgreesWithDecisions: with fail mode closed, the guard is not
+// ready exactly while its decisions would be 503s.
+func TestReadyAgreesWithDecisions(t *testing.T) {
+	f := newFixture(t, FailClosed)
+	if ready, _ := f.g.Ready(); !ready {
+		t.Fatal("not ready with the store up")
+	}
+	f.store.breakShard(1, errDown)
+	f.decide(t, "a")
+	if ready, detail := f.g.Ready(); ready {
+		t.Errorf("ready (%q) while every known shard answers 503", detail)
+	}
+	f.store.breakShard(1, nil)
+	waitFor(t, "ready", func() bool { ready, _ := f.g.Ready(); return ready })
+	if _, ok, err := f.decide(t, "a"); err != nil || !ok {
+		t.Errorf("ready, but the decision was %v, %v", ok, err)
+	}
+}
+
+// TestStartWithTheStoreDown: a store that cannot get ready at start leaves
+// every circuit open until a probe succeeds.
+func TestStartWithTheStoreDown(t *testing.T) {
+	f := newFixture(t, FailClosed, func(o *Options) {
+		o.Store = &warmer{flaky: &flaky{mem: algo.NewMemory(algo.MemoryOptions{}), broken: map[int]error{}}, err: errDown}
+	})
+	if !errors.Is(f.startErr, algo.ErrUnreachable) {
+		t.Errorf("Start = %v, want the store's error", f.startErr)
+	}
+	if ready, _ := f.g.Ready(); ready {
+		t.Error("ready with a store that did not warm up")
+	}
+	if _, _, err := f.decide(t, "b"); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("decision before the store warmed up = %v, want ErrUnavailable", err)
+	}
+	w := f.g.store.(*warmer)
+	w.mu.Lock()
+	w.err = nil
+	w.mu.Unlock()
+	waitFor(t, "ready", func() bool { ready, _ := f.g.Ready(); return ready })
+}
+
+type warmer struct {
+	*flaky
+	mu  sync.Mutex
+	err error
+}
+
+func (w *warmer) Warm(context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// TestMirrorKeepsTheFallbackInStep: admissions the store makes are recorded
+// locally, so an outage does not hand out a fresh local quota.
+func TestMirrorKeepsTheFallbackInStep(t *testing.T) {
+	f := newFixture(t, FailLocal)
+	for i := 0; i < 4; i++ {
+		if _, ok, err := f.decide(t, "a"); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	f.store.breakShard(1, errDown)
+	// Local limit 10/2 = 5; 4 already admitted by the store.
+	got := 0
+	for i := 0; i < 5; i++ {
+		if _, ok, err := f.decide(t, "a"); err == nil && ok {
+			got++
+		}
+	}
+	if got != 1 {
+		t.Errorf("the local fallback admitted %d after the store admitted 4 of its 5, want 1", got)
+	}
+}
+
+// TestDenyCacheKeepsFloodsOffTheStore: a denial that waiting cures is
+// answered from the cache until its retry-after passes.
+func TestDenyCacheKeepsFloodsOffTheStore(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	var mu sync.Mutex
+	f := newFixture(t, FailLocal, func(o *Options) {
+		o.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	})
+	for i := 0; i < 10; i++ {
+		f.decide(t, "b")
+	}
+	calls := f.store.calls
+	for i := 0; i < 20; i++ {
+		res, ok, err := f.decide(t, "b")
+		if err != nil || ok || res.RetryAfter <= 0 {
+			t.Fatalf("flood: %+v %v %v", res, ok, err)
+		}
+	}
+	if got := f.store.calls - calls; got != 1 {
+		t.Errorf("20 denied requests reached the store %d times, want 1 (the first)", got)
+	}
+	if got := testutil.ToFloat64(f.g.metrics.denyCacheHits); got != 19 {
+		t.Errorf("deny cache hits %v, want 19", got)
+	}
+}

@@ -1,0 +1,100 @@
+package rules
+
+import (
+	"bytes"
+	"net/netip"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// The seed corpora live in testdata/fuzz (run as tests by go test); `make
+// fuzz` fuzzes each target.
+
+func FuzzParse(f *testing.F) {
+	f.Add("name=default key=ip limit=100/1m")
+	f.Add("name=a key=ip+header:X-Api-Key limit=5/1m algorithm=gcra burst=2 method=POST path=/login; name=b limit=1/d")
+	f.Add("name=x limit=0/0s burst=-1 algorithm=nope\n# c\nname=y limit=1/1m path=~[")
+	f.Fuzz(func(t *testing.T, src string) {
+		rules, err := Parse(src)
+		if err != nil {
+			if rules != nil {
+				t.Fatalf("Parse(%q) returned rules with an error", src)
+			}
+			if !utf8.ValidString(err.Error()) && utf8.ValidString(src) {
+				t.Fatalf("Parse(%q) error is not UTF-8", src)
+			}
+			return
+		}
+		// A valid rule set prints as a rule set that parses to the
+		// same thing.
+		for _, r := range rules {
+			again, err := Parse(r.String())
+			if err != nil {
+				t.Fatalf("Parse(%q) = %v; its String %q does not parse: %v", src, r, r.String(), err)
+			}
+			if again[0].String() != r.String() {
+				t.Fatalf("round trip of %q: %q then %q", src, r.String(), again[0].String())
+			}
+		}
+	})
+}
+
+func FuzzClientIP(f *testing.F) {
+	f.Add("203.0.113.7, 10.0.0.5", "", byte(0))
+	f.Add("[2001:db8::1]:443,garbage,,", "198.51.100.1", byte(1))
+	f.Add("", "10.0.0.1", byte(2))
+	f.Fuzz(func(t *testing.T, xff, realIP string, peerPick byte) {
+		peers := []netip.Addr{netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("198.51.100.9"), netip.MustParseAddr("::1")}
+		peer := peers[int(peerPick)%len(peers)]
+		r := Proxies{Trusted: defaultTrusted}
+		var hdrs [][]byte
+		if xff != "" {
+			hdrs = bytes.Split([]byte(xff), []byte("\n"))
+		}
+		got := r.ClientIP(hdrs, []byte(realIP), peer)
+		if !got.IsValid() {
+			t.Fatalf("clientIP(%q, %q, %v) is not an address", xff, realIP, peer)
+		}
+		if got == peer {
+			return
+		}
+		// Any other answer must come from the headers, and only if
+		// the peer is a trusted proxy.
+		if !r.Trusts(peer) {
+			t.Fatalf("clientIP(%q, %q, %v) = %v: believed an untrusted peer", xff, realIP, peer, got)
+		}
+		found := false
+		for _, e := range append(strings.FieldsFunc(xff, func(c rune) bool { return c == ',' || c == '\n' }), realIP) {
+			if a, ok := ParseIP([]byte(strings.TrimSpace(e))); ok && a == got {
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("clientIP(%q, %q, %v) = %v, which is not in the headers", xff, realIP, peer, got)
+		}
+	})
+}
+
+func FuzzAppendPath(f *testing.F) {
+	f.Add("/login?next=/admin")
+	f.Add("/x/%2e%2e/log%69n//")
+	f.Add("http://host/a/../b/./c/")
+	f.Fuzz(func(t *testing.T, uri string) {
+		p := string(AppendPath(nil, []byte(uri)))
+		if !strings.HasPrefix(p, "/") {
+			t.Fatalf("AppendPath(%q) = %q: no leading slash", uri, p)
+		}
+		if strings.Contains(p, "//") {
+			t.Fatalf("AppendPath(%q) = %q: empty segment", uri, p)
+		}
+		for _, seg := range strings.Split(p, "/") {
+			if seg == "." || seg == ".." || strings.ContainsAny(seg, ";\\") {
+				t.Fatalf("AppendPath(%q) = %q: a dot segment, a parameter or a backslash", uri, p)
+			}
+		}
+		if strings.IndexFunc(p, func(r rune) bool { return 'A' <= r && r <= 'Z' }) >= 0 {
+			t.Fatalf("AppendPath(%q) = %q: not in lower case", uri, p)
+		}
+	})
+}
