@@ -10,6 +10,27 @@
 //     answers.
 //
 // If none works the test fails, naming the three ways. It never skips.
+//
+// For fault tests it also starts whole topologies from redis-server on
+// PATH, always on 127.0.0.1, on free ports, in t.TempDir directories, and
+// stops them when the test ends, failed or not:
+//
+//   - NewClusterTopology: a cluster with replicas, with Kill, Restart,
+//     WaitFailover and WaitHealthy (topology.go), and slot moves by
+//     redis-cli (Reshard) or by hand (MoveSlot, BeginMigration) (reshard.go);
+//   - NewSentinelTopology: a master, a replica and three sentinels, with
+//     KillMaster and WaitFailover (sentinel.go);
+//   - StartTLS: a TLS-only server with a CA made for the test and an
+//     unrelated one (tls.go);
+//   - NewACLUser: a least-privilege user for a key prefix (acl.go);
+//   - NewLatencyProxy: a TCP proxy that delays, stalls or cuts a link
+//     (proxy.go);
+//   - PauseClients and DebugSleep: a stalled server (stall.go);
+//   - OpenConns, WaitConns and SnapshotGoroutines: leak checks (leak.go).
+//
+// Every helper takes the test, fails it with what it tried and the end of
+// the servers' logs rather than return something half started, and waits
+// by polling against a deadline.
 package redistest
 
 import (
