@@ -10,20 +10,39 @@
 //     answers.
 //
 // If none works the test fails, naming the three ways. It never skips.
+//
+// For fault tests it also starts whole topologies from redis-server on
+// PATH, always on 127.0.0.1, on free ports, in t.TempDir directories, and
+// stops them when the test ends, failed or not:
+//
+//   - NewClusterTopology: a cluster with replicas, with Kill, Restart,
+//     WaitFailover and WaitHealthy (topology.go), and slot moves by
+//     redis-cli (Reshard) or by hand (MoveSlot, BeginMigration) (reshard.go);
+//   - NewSentinelTopology: a master, a replica and three sentinels, with
+//     KillMaster and WaitFailover (sentinel.go);
+//   - StartTLS: a TLS-only server with a CA made for the test and an
+//     unrelated one (tls.go);
+//   - NewACLUser: a least-privilege user for a key prefix (acl.go);
+//   - NewLatencyProxy: a TCP proxy that delays, stalls or cuts a link
+//     (proxy.go);
+//   - PauseClients and DebugSleep: a stalled server (stall.go);
+//   - OpenConns, WaitConns and SnapshotGoroutines: leak checks (leak.go).
+//
+// Every helper takes the test, fails it with what it tried and the end of
+// the servers' logs rather than return something half started, and waits
+// by polling against a deadline.
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +66,8 @@ type Server struct {
 	Owned bool
 
 	proc *process
+	// tlsConfig, for a TLS server, trusts its CA.
+	tlsConfig *tls.Config
 }
 
 // New returns a server for t, found as the package comment says, and stops
@@ -84,22 +105,17 @@ func New(t testing.TB) *Server {
 // stops it when t ends. Extra arguments go to redis-server's command line.
 func Start(t testing.TB, path string, extra ...string) (*Server, error) {
 	t.Helper()
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
-		p, err := startProcess(path, port, t.TempDir(), extra)
-		if err != nil {
-			lastErr = err
-			continue // most likely another process took the port
-		}
-		t.Cleanup(p.stop)
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		return &Server{URL: "redis://" + addr, Addr: addr, Owned: true, proc: p}, nil
+	p, err := startOwned(t, procSpec{path: path, dir: t.TempDir(), extra: extra}, 1, nil)
+	if err != nil {
+		return nil, err
 	}
-	return nil, lastErr
+	return newServer(p), nil
+}
+
+// newServer wraps a process the test started.
+func newServer(p *process) *Server {
+	addr := p.spec.addr()
+	return &Server{URL: "redis://" + addr, Addr: addr, Owned: true, proc: p}
 }
 
 // Stop stops a server the test started, as a crash would: no save, no
@@ -118,9 +134,9 @@ func (s *Server) Restart(t testing.TB) {
 	if !s.Owned || s.proc == nil {
 		t.Fatalf("redistest: cannot restart a server the test did not start")
 	}
-	_, port, _ := net.SplitHostPort(s.Addr)
-	n, _ := strconv.Atoi(port)
-	p, err := startProcess(s.proc.path, n, t.TempDir(), s.proc.extra)
+	spec := s.proc.spec
+	spec.dir = t.TempDir()
+	p, err := startProcess(spec)
 	if err != nil {
 		t.Fatalf("redistest: restart: %v", err)
 	}
@@ -134,6 +150,9 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 	opts, err := redis.ParseURL(s.URL)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
+	}
+	if s.tlsConfig != nil {
+		opts.TLSConfig = s.tlsConfig.Clone()
 	}
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { _ = c.Close() })
@@ -183,97 +202,6 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-type process struct {
-	path  string
-	extra []string
-	cmd   *exec.Cmd
-	done  chan struct{}
-}
-
-// startProcess runs redis-server; a config file, when given, comes first
-// on its command line, as redis-server requires.
-func startProcess(path string, port int, dir string, extra []string, config ...string) (*process, error) {
-	args := append(config, []string{
-		"--bind", "127.0.0.1",
-		"--port", strconv.Itoa(port),
-		"--save", "",
-		"--appendonly", "no",
-		"--dir", dir,
-		"--daemonize", "no",
-		"--logfile", filepath.Join(dir, "redis.log"),
-	}...)
-	args = append(args, extra...)
-	cmd := exec.Command(path, args...)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", path, err)
-	}
-	p := &process{path: path, extra: extra, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if pingRaw(addr) == nil {
-			return p, nil
-		}
-		select {
-		case <-p.done:
-			return nil, fmt.Errorf("redis-server on port %d exited at start: %s", port, tail(filepath.Join(dir, "redis.log")))
-		default:
-		}
-		if time.Now().After(deadline) {
-			p.stop()
-			return nil, fmt.Errorf("redis-server on port %d not ready after 10s: %s", port, tail(filepath.Join(dir, "redis.log")))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func (p *process) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-// pingRaw speaks just enough RESP to tell whether Redis serves.
-func pingRaw(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return errors.New(strings.TrimSpace(line))
-	}
-	return nil
-}
-
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	s := strings.TrimSpace(string(b))
-	if len(s) > 400 {
-		s = s[len(s)-400:]
-	}
-	return s
 }
 
 func container(t testing.TB) (*Server, error) {
@@ -421,19 +349,9 @@ func StartSentinel(t testing.TB, master *Server, name string) *Server {
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for attempt := 0; attempt < 5; attempt++ {
-		p, err := FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		proc, err := startProcess(path, p, dir, []string{"--sentinel"}, conf)
-		if err != nil {
-			continue
-		}
-		t.Cleanup(proc.stop)
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
-		return &Server{URL: "redis://" + addr, Addr: addr, Owned: true, proc: proc}
+	proc, err := startOwned(t, procSpec{path: path, dir: dir, config: conf, extra: []string{"--sentinel"}}, 1, nil)
+	if err != nil {
+		t.Fatalf("redistest: sentinel did not start: %v", err)
 	}
-	t.Fatalf("redistest: sentinel did not start")
-	return nil
+	return newServer(proc)
 }
