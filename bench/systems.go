@@ -1,0 +1,174 @@
+package main
+
+// This file is the catalogue of systems under test: what each one is and
+// how it starts for a workload.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+)
+
+// luaModule is the Debian path of the nginx Lua module.
+const luaModule = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
+
+// systemNames lists every system in the order of the results tables.
+func systemNames() []string {
+	return []string{
+		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3",
+		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-authlimit-redis",
+	}
+}
+
+// system is one contender.
+type system struct {
+	name      string
+	about     string // one line for the results
+	usesRedis bool   // gets a fresh redis-server per run
+	nginx     bool   // needs nginx
+	lua       bool   // needs nginx's Lua module
+	path      string // the path the load requests
+	start     func(ctx context.Context, e *runEnv) (*instance, error)
+}
+
+// runEnv is what a system starts with.
+type runEnv struct {
+	o        *options
+	dir      string       // a fresh directory for this run
+	workload string       // "ips" or "hot"
+	redis    *redisServer // nil unless the system uses Redis
+}
+
+// instance is a started system.
+type instance struct {
+	addr       string   // where the load goes
+	procs      []*proc  // every process started, leaders of their groups
+	cpuRoots   []int    // the server processes whose CPU is measured, with descendants
+	metrics    []string // authlimit /metrics URLs to check after the run
+	denyStatus int      // the status of a denial, as the client sees it
+}
+
+// stop stops every process of the instance.
+func (in *instance) stop() {
+	for _, p := range in.procs {
+		p.stop()
+	}
+}
+
+// limit is a rule's N per window for a workload: far above the load for
+// ips (everything admitted), tiny for hot (nearly everything denied).
+type limit struct {
+	n      int64
+	window string // authlimit's syntax
+	ms     int64  // the window in milliseconds
+}
+
+func limitFor(workload string) limit {
+	if workload == "hot" {
+		return limit{n: 10, window: "1h", ms: 3_600_000}
+	}
+	return limit{n: 1_000_000, window: "1m", ms: 60_000}
+}
+
+// rulesFor is authlimit's AUTHLIMIT_RULES with one rule, or three rules on
+// the same key (one round trip either way).
+func rulesFor(workload string, three bool) string {
+	l := limitFor(workload)
+	if !three {
+		return fmt.Sprintf("name=bench key=ip limit=%d/%s", l.n, l.window)
+	}
+	var rules []string
+	for _, a := range []string{"sliding_window_counter", "token_bucket", "gcra"} {
+		rules = append(rules, fmt.Sprintf("name=%s key=ip limit=%d/%s algorithm=%s", strings.ReplaceAll(a, "_", "-"), l.n, l.window, a))
+	}
+	return strings.Join(rules, "; ")
+}
+
+// catalogue describes every system.
+func catalogue() []system {
+	return []system{
+		{name: "null", about: "fasthttp answering 200 with an empty body (`bench serve-null`)", path: "/auth", start: startNull},
+		{name: "naive", about: "fasthttp + go-redis, one EVALSHA (INCR, PEXPIRE on the first hit) per request keyed by X-Forwarded-For (`bench serve-naive`)", usesRedis: true, path: "/auth", start: startNaive},
+		{name: "authlimit-memory", about: "authlimit, embedded memory store, 1 rule", path: "/auth", start: authlimitSystem(false)},
+		{name: "authlimit-redis-1", about: "authlimit on Redis, 1 rule (sliding_window_counter)", usesRedis: true, path: "/auth", start: authlimitSystem(false)},
+		{name: "authlimit-redis-3", about: "authlimit on Redis, 3 rules on the same key (sliding_window_counter, token_bucket, gcra)", usesRedis: true, path: "/auth", start: authlimitSystem(true)},
+		{name: "nginx", about: "nginx alone serving a small static file", nginx: true, path: "/", start: startNginxStatic},
+		{name: "nginx-limit_req", about: "nginx `limit_req` per client address (rate=100r/s burst=200 nodelay) in front of the static file", nginx: true, path: "/", start: startNginxLimitReq},
+		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: "/", start: startNginxLuaRedis},
+		{name: "nginx-authlimit-redis", about: "nginx with the shipped nginx/example.conf: auth_request → authlimit (AUTHLIMIT_DENY_STATUS=403) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, usesRedis: true, path: "/", start: startNginxAuthlimit},
+	}
+}
+
+// selectSystems returns the chosen systems in catalogue order, and notes
+// on those that cannot run here.
+func selectSystems(o *options) ([]system, []string) {
+	var out []system
+	var notes []string
+	_, nginxErr := exec.LookPath(o.nginx)
+	_, luaErr := os.Stat(luaModule)
+	for _, s := range catalogue() {
+		if !slices.Contains(o.systems, s.name) {
+			continue
+		}
+		switch {
+		case s.nginx && nginxErr != nil:
+			notes = append(notes, fmt.Sprintf("`%s` skipped: nginx not found (%v); install Debian's nginx", s.name, nginxErr))
+		case s.lua && luaErr != nil:
+			notes = append(notes, fmt.Sprintf("`%s` skipped: the Lua module is not installed (%v); install libnginx-mod-http-lua", s.name, luaErr))
+		default:
+			out = append(out, s)
+		}
+	}
+	return out, notes
+}
+
+func startNull(ctx context.Context, e *runEnv) (*instance, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p, err := startProc(e.dir, "null", e.o.selfBinary, []string{"serve-null", "-listen", addr}, nil)
+	if err != nil {
+		return nil, err
+	}
+	in := &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}
+	if err := waitReady(ctx, "null server", readyTimeout, wantStatus("http://"+addr+"/", 200), p); err != nil {
+		in.stop()
+		return nil, err
+	}
+	return in, nil
+}
+
+func startNaive(ctx context.Context, e *runEnv) (*instance, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	l := limitFor(e.workload)
+	p, err := startProc(e.dir, "naive", e.o.selfBinary, []string{"serve-naive", "-listen", addr,
+		"-redis", e.redis.addr, "-limit", fmt.Sprint(l.n), "-window", fmt.Sprintf("%dms", l.ms)}, nil)
+	if err != nil {
+		return nil, err
+	}
+	in := &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}
+	if err := waitReady(ctx, "naive server", readyTimeout, wantStatus("http://"+addr+"/healthz", 200), p); err != nil {
+		in.stop()
+		return nil, err
+	}
+	return in, nil
+}
+
+// authlimitSystem starts authlimit with one rule or three, on Redis if the
+// run has one, else on the embedded store.
+func authlimitSystem(three bool) func(ctx context.Context, e *runEnv) (*instance, error) {
+	return func(ctx context.Context, e *runEnv) (*instance, error) {
+		p, addr, err := startAuthlimit(ctx, e, rulesFor(e.workload, three))
+		if err != nil {
+			return nil, err
+		}
+		return &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, metrics: []string{"http://" + addr + "/metrics"}, denyStatus: 429}, nil
+	}
+}
