@@ -52,9 +52,10 @@ bench: build
 
 # fuzz runs each fuzz target for FUZZTIME; new findings land in testdata.
 fuzz:
-	for f in FuzzParseRules FuzzClientIP FuzzNormalizePath FuzzAuth; do \
-		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./handler || exit 1; \
+	for f in FuzzParse FuzzClientIP FuzzAppendPath; do \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./rules || exit 1; \
 	done
+	$(GO) test -run '^$$' -fuzz '^FuzzAuth$$' -fuzztime $(FUZZTIME) ./handler
 
 clean:
 	rm -rf bin
