@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/authlimit/authlimit/internal/faultlog"
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
@@ -40,12 +41,22 @@ var bins struct {
 	missing   map[string]error // per proxy: why it cannot be had
 }
 
+// faults collects the fault tests' outcomes into e2e/FAULTS.md.
+var faults = faultlog.New("make e2e")
+
 func TestMain(m *testing.M) {
 	if err := findBinaries(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if len(faults.Entries()) > 0 {
+		if err := faults.Write(filepath.Join(bins.repo, "e2e", "FAULTS.md")); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 func findBinaries() error {

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"reflect"
 	"sort"
 	"strconv"
@@ -35,6 +38,9 @@ type config struct {
 	RedisMaster           string        `env:"REDIS_MASTER"`
 	RedisSentinelUsername string        `env:"REDIS_SENTINEL_USERNAME"`
 	RedisSentinelPassword string        `env:"REDIS_SENTINEL_PASSWORD"`
+	RedisCAFile           string        `env:"REDIS_CA_FILE"`
+	RedisCertFile         string        `env:"REDIS_CERT_FILE"`
+	RedisKeyFile          string        `env:"REDIS_KEY_FILE"`
 	RedisTimeout          time.Duration `env:"REDIS_TIMEOUT" envDefault:"50ms"`
 	RedisPoolSize         int           `env:"REDIS_POOL_SIZE" envDefault:"4"`
 	Rules                 string        `env:"RULES"`
@@ -274,6 +280,11 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 			problem("REDIS_ADDRS", fmt.Errorf("%q is not host:port", a))
 		}
 	}
+	if base.TLSConfig != nil {
+		tlsSettings(c, base.TLSConfig, problem)
+	} else if c.RedisCAFile != "" || c.RedisCertFile != "" || c.RedisKeyFile != "" {
+		problem("REDIS_CA_FILE", errors.New("the TLS files need a rediss:// URL"))
+	}
 	// Decisions carry a deadline: the client must respect it, and a pool
 	// wait must not outlast it.
 	base.ContextTimeoutEnabled = true
@@ -343,6 +354,36 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	default:
 		problem("REDIS_MODE", fmt.Errorf("%q is not standalone, cluster or sentinel", c.RedisMode))
 		return nil, nil, ""
+	}
+}
+
+// tlsSettings adds the REDIS_*_FILE settings to a rediss:// URL's TLS
+// configuration: the CAs to trust instead of the system's, and a client
+// certificate.
+func tlsSettings(c *config, t *tls.Config, problem func(string, error)) {
+	if c.RedisCAFile != "" {
+		pem, err := os.ReadFile(c.RedisCAFile)
+		pool := x509.NewCertPool()
+		switch {
+		case err != nil:
+			problem("REDIS_CA_FILE", err)
+		case !pool.AppendCertsFromPEM(pem):
+			problem("REDIS_CA_FILE", fmt.Errorf("%s holds no PEM certificate", c.RedisCAFile))
+		default:
+			t.RootCAs = pool
+		}
+	}
+	switch {
+	case c.RedisCertFile == "" && c.RedisKeyFile == "":
+	case c.RedisCertFile == "" || c.RedisKeyFile == "":
+		problem("REDIS_CERT_FILE", errors.New("a client certificate needs both AUTHLIMIT_REDIS_CERT_FILE and AUTHLIMIT_REDIS_KEY_FILE"))
+	default:
+		cert, err := tls.LoadX509KeyPair(c.RedisCertFile, c.RedisKeyFile)
+		if err != nil {
+			problem("REDIS_CERT_FILE", err)
+		} else {
+			t.Certificates = []tls.Certificate{cert}
+		}
 	}
 }
 
