@@ -186,7 +186,7 @@ func TestBatchMatchesSequential(t *testing.T) {
 			w.batch = append(w.batch, cl)
 			batch = append(batch, reqs)
 		}
-		rs.run(&w)
+		rs.run(&w, time.Time{})
 		for c, reqs := range batch {
 			cl := w.batch[c]
 			<-cl.done

@@ -15,13 +15,16 @@ import (
 )
 
 // Redis is the Redis store. Concurrent decisions share the wire: each
-// Decide queues its request, and a few workers, each with one connection at
-// a time, take whatever is queued when they are free and decide it all in
-// one call of scripts/decide.lua. At low load a request goes out at once,
-// alone; at high load one write and one read carry many requests, and Redis
-// runs one script for all of them, each request still decided all or
-// nothing, atomically, since Redis runs a script without interleaving other
-// commands.
+// Decide queues its request; up to Conns batches are on the wire at once,
+// each carrying whatever was queued when it left, in one call of
+// scripts/decide.lua. The caller that finds a connection free sends the
+// batch itself (its own request and any others queued), so at low load a
+// request goes out at once, alone, with no hand-off between goroutines; at
+// high load one write and one read carry many requests, and Redis runs one
+// script for all of them, each request still decided all or nothing,
+// atomically, since Redis runs a script without interleaving other
+// commands. What is left queued when a batch returns goes out with the next
+// caller, or with a relay goroutine.
 //
 // Redis Cluster runs a script only on keys of one hash slot. All keys of one
 // policy and key share a slot, and so do all policies that limit the same
@@ -54,6 +57,8 @@ type Redis struct {
 	slotKeys  *slotKeys
 
 	queue   chan *call
+	slots   chan *worker  // one per connection that may carry a batch
+	kick    chan struct{} // wakes the relay: calls are queued
 	refunds chan []refund
 	owed    sync.WaitGroup // refunds queued or being applied
 	calls   sync.Pool
@@ -74,10 +79,10 @@ type RedisOptions struct {
 	// it returns an error wrapping context.DeadlineExceeded, however far
 	// the batch it rides in has got. Zero leaves only ctx's deadline.
 	Timeout time.Duration
-	// Conns is how many batches may be on the wire at once: the workers,
-	// each holding one pooled connection while its batch is out. The
-	// client's pool should hold at least Conns + 2 connections (for pings
-	// and refunds). Default DefaultRedisConns.
+	// Conns is how many batches may be on the wire at once, each holding
+	// one pooled connection while it is out. The client's pool should hold
+	// at least Conns + 2 connections (for pings and refunds). Default
+	// DefaultRedisConns.
 	Conns int
 	// MaxBatch bounds the requests of one script call. Default 128.
 	MaxBatch int
@@ -121,6 +126,8 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		ids:       map[*Policy]uint16{},
 		nodes:     map[string]int{},
 		queue:     make(chan *call, 64*opts.MaxBatch),
+		slots:     make(chan *worker, opts.Conns),
+		kick:      make(chan struct{}, 1),
 		refunds:   make(chan []refund, 1024),
 		stop:      make(chan struct{}),
 	}
@@ -131,9 +138,10 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		return c
 	}
 	for i := 0; i < r.conns; i++ {
-		r.wg.Add(1)
-		go r.work()
+		r.slots <- &worker{}
 	}
+	r.wg.Add(1)
+	go r.relay()
 	if r.cluster != nil {
 		r.wg.Add(1)
 		go r.refundLoop()
@@ -188,7 +196,7 @@ func (r *Redis) Ping(ctx context.Context) error {
 	return r.client.Ping(ctx).Err()
 }
 
-// Close stops the workers; decisions still queued fail with ErrClosed. It
+// Close stops the relay; decisions still queued fail with ErrClosed. It
 // does not close the client. It is safe to call more than once.
 func (r *Redis) Close() error {
 	r.closed.Do(func() { close(r.stop) })
@@ -243,6 +251,9 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 	if err := checkRequests(reqs, res); err != nil {
 		return false, err
 	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("redis decide: %w", err)
+	}
 	c := r.calls.Get().(*call)
 	if err := r.encode(ctx, c, reqs); err != nil {
 		r.calls.Put(c)
@@ -255,19 +266,21 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 	c.deadline = time.Now().Add(wait)
 	c.timer.Reset(wait)
 	select {
-	case r.queue <- c:
-	case <-c.timer.C:
-		r.calls.Put(c)
-		return false, errBudget
-	case <-ctx.Done():
-		c.timer.Stop()
-		r.calls.Put(c)
-		return false, fmt.Errorf("redis decide: %w", ctx.Err())
 	case <-r.stop:
 		c.timer.Stop()
 		r.calls.Put(c)
 		return false, errClosed
+	default:
 	}
+	select {
+	case r.queue <- c:
+	default:
+		// More is queued than every connection can carry in a budget.
+		c.timer.Stop()
+		r.calls.Put(c)
+		return false, errBudget
+	}
+	r.lead(c.deadline)
 	select {
 	case <-c.done:
 		c.timer.Stop()

@@ -1,12 +1,14 @@
 package algo
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -139,38 +141,89 @@ type worker struct {
 	batch []*call
 	parts []*part
 	blob  []byte
+	reply bytes.Buffer
+	ints  []int64
 	seen  []uint32 // per policy id: the batch that last listed it
 	gen   uint32
 }
 
-// work takes whatever is queued, up to MaxBatch requests, and decides it in
-// one script call per slot; it never waits for more to come.
-func (r *Redis) work() {
-	defer r.wg.Done()
-	var w worker
-	for {
-		var c *call
+// lead sends a batch if a connection is free: whatever is queued, up to
+// MaxBatch requests, the caller's own among them unless another batch took
+// it. The batch's deadline is the caller's own (due), so that sending for
+// others never holds a caller past its budget; the others' own deadlines
+// still hold, by their callers' timers. What is queued when the batch is
+// back goes to the relay.
+func (r *Redis) lead(due time.Time) {
+	var w *worker
+	select {
+	case w = <-r.slots:
+	default:
+		return // every connection is out: their senders hand the queue on
+	}
+	r.gather(w)
+	if len(w.batch) > 0 {
+		r.run(w, due)
+	}
+	r.slots <- w
+	r.handOn()
+}
+
+// handOn wakes the relay if calls are queued. Whoever frees a connection
+// calls it after freeing it, and a caller queues before looking for a free
+// connection, so no call is left queued with no one to send it.
+func (r *Redis) handOn() {
+	if len(r.queue) > 0 {
 		select {
-		case c = <-r.queue:
-		case <-r.stop:
-			return
+		case r.kick <- struct{}{}:
+		default:
 		}
-		w.batch = append(w.batch[:0], c)
-	gather:
-		for len(w.batch) < r.batch {
-			select {
-			case c = <-r.queue:
-				w.batch = append(w.batch, c)
-			default:
-				break gather
-			}
-		}
-		r.run(&w)
 	}
 }
 
-// run sends one batch and completes its calls.
-func (r *Redis) run(w *worker) {
+// relay sends what callers left queued, while a connection is free.
+func (r *Redis) relay() {
+	defer r.wg.Done()
+	for {
+		select {
+		case <-r.kick:
+		case <-r.stop:
+			return
+		}
+		for len(r.queue) > 0 {
+			var w *worker
+			select {
+			case w = <-r.slots:
+			default:
+			}
+			if w == nil {
+				break // a sender has the connections; it hands on when done
+			}
+			r.gather(w)
+			if len(w.batch) > 0 {
+				r.run(w, time.Time{})
+			}
+			r.slots <- w
+		}
+	}
+}
+
+// gather takes what is queued, up to MaxBatch calls, into w.batch; it
+// never waits for more to come.
+func (r *Redis) gather(w *worker) {
+	w.batch = w.batch[:0]
+	for len(w.batch) < r.batch {
+		select {
+		case c := <-r.queue:
+			w.batch = append(w.batch, c)
+		default:
+			return
+		}
+	}
+}
+
+// run sends one batch and completes its calls. Its deadline is due, or, if
+// due is zero, the latest of its calls'.
+func (r *Redis) run(w *worker, due time.Time) {
 	live := w.batch[:0]
 	var deadline time.Time
 	for _, c := range w.batch {
@@ -186,9 +239,11 @@ func (r *Redis) run(w *worker) {
 	if len(live) == 0 {
 		return
 	}
-	// One deadline for the batch: the latest of its calls'. A call whose
-	// own budget passes first is abandoned by its caller; the batch goes
-	// on for the others.
+	// One deadline for the batch. A call whose own budget passes first is
+	// abandoned by its caller; the batch goes on for the others.
+	if !due.IsZero() {
+		deadline = due
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if r.cluster != nil {
@@ -200,10 +255,9 @@ func (r *Redis) run(w *worker) {
 		w.parts = append(w.parts, &c.parts[0])
 	}
 	w.blob = r.appendBatch(w.blob[:0], w, 0)
-	cmd := r.eval(ctx, r.client, w.blob, nil)
-	err := cmd.Err()
+	err := r.evalRaw(ctx, w)
 	if err == nil {
-		err = r.parseReply(cmd, w.parts, false)
+		err = r.parseReply(w.ints, w.parts, false)
 	}
 	err = classify(err)
 	for _, c := range live {
@@ -238,15 +292,74 @@ func classify(err error) error {
 	return fmt.Errorf("redis decide: %w", err)
 }
 
-// eval runs decide.lua with blob, by its digest, falling back to its source
-// if Redis lost its script cache (a restart or a failover).
-func (r *Redis) eval(ctx context.Context, c redis.Cmdable, blob []byte, keys []string) *redis.Cmd {
-	cmd := c.EvalSha(ctx, r.decideSHA, keys, blob)
-	if isNoScript(cmd.Err()) {
-		cmd = c.Eval(ctx, scripts.Decide, keys, blob)
+// evalRaw runs decide.lua with w.blob on a standalone or Sentinel client,
+// by its digest, falling back to its source if Redis lost its script cache
+// (a restart or a failover), and reads the reply into w.ints: the raw reply
+// goes into a buffer the worker reuses, so a batch allocates little.
+func (r *Redis) evalRaw(ctx context.Context, w *worker) error {
+	for _, how := range [2]struct{ cmd, script string }{{"evalsha", r.decideSHA}, {"eval", scripts.Decide}} {
+		w.reply.Reset()
+		if err := r.client.Process(ctx, redis.NewRawWriteToCmd(ctx, &w.reply, how.cmd, how.script, 0, w.blob)); err != nil {
+			return err
+		}
+		b := w.reply.Bytes()
+		if len(b) > 0 && b[0] == '-' {
+			msg := string(bytes.TrimRight(b[1:], "\r\n"))
+			if strings.HasPrefix(msg, "NOSCRIPT") {
+				continue
+			}
+			return errors.New(msg)
+		}
+		var err error
+		w.ints, err = appendInts(w.ints[:0], b)
+		return err
 	}
-	return cmd
+	return errors.New("NOSCRIPT after loading the script")
 }
+
+// appendInts appends the integers of a RESP array of integers.
+func appendInts(dst []int64, b []byte) ([]int64, error) {
+	n, b, err := respLine(b, '*')
+	if err != nil {
+		return dst, err
+	}
+	for i := int64(0); i < n; i++ {
+		var v int64
+		if v, b, err = respLine(b, ':'); err != nil {
+			return dst, err
+		}
+		dst = append(dst, v)
+	}
+	if len(b) != 0 {
+		return dst, fmt.Errorf("reply has %d bytes too many", len(b))
+	}
+	return dst, nil
+}
+
+// respLine reads one RESP line of the given type holding an integer.
+func respLine(b []byte, typ byte) (int64, []byte, error) {
+	end := bytes.Index(b, crlf)
+	if end < 2 || b[0] != typ {
+		return 0, nil, fmt.Errorf("reply is not as decide.lua writes it: %.40q", b)
+	}
+	neg, digits := false, b[1:end]
+	if digits[0] == '-' {
+		neg, digits = true, digits[1:]
+	}
+	var v int64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, nil, fmt.Errorf("reply has a bad integer %.40q", b[:end])
+		}
+		v = v*10 + int64(c-'0')
+	}
+	if neg {
+		v = -v
+	}
+	return v, b[end+2:], nil
+}
+
+var crlf = []byte("\r\n")
 
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
@@ -294,15 +407,12 @@ func (p *Policy) appendParams(dst []byte, id uint16) []byte {
 	return dst
 }
 
-// parseReply reads decide.lua's reply into the parts' calls' results.
-func (r *Redis) parseReply(cmd *redis.Cmd, parts []*part, tokens bool) error {
-	v, err := cmd.Text()
-	if err != nil {
-		return err
-	}
-	per := 2 + 4*8
+// parseReply reads decide.lua's reply, as integers, into the parts' calls'
+// results.
+func (r *Redis) parseReply(v []int64, parts []*part, tokens bool) error {
+	per := 6
 	if tokens {
-		per += 8
+		per++
 	}
 	for _, p := range parts {
 		if len(v) < 1+per*len(p.idx) {
@@ -316,34 +426,26 @@ func (r *Redis) parseReply(cmd *redis.Cmd, parts []*part, tokens bool) error {
 				Allowed:    v[0] == 1,
 				Reason:     Reason(v[1]),
 				Limit:      c.Burst,
-				Remaining:  int64(le64(v[2:])),
-				ResetAfter: micros(int64(le64(v[10:]))),
-				RetryAfter: micros(int64(le64(v[18:]))),
-				Delay:      micros(int64(le64(v[26:]))),
+				Remaining:  v[2],
+				ResetAfter: micros(v[3]),
+				RetryAfter: micros(v[4]),
+				Delay:      micros(v[5]),
 			}
 			if !c.Algorithm.UsesBurst() {
 				res.Limit = c.Limit
 			}
-			if res.Reason > ReasonCostTooHigh {
-				return fmt.Errorf("reply has unknown reason %d", res.Reason)
+			if v[1] < 0 || res.Reason > ReasonCostTooHigh {
+				return fmt.Errorf("reply has unknown reason %d", v[1])
 			}
 			if tokens {
-				p.tokens[j] = le64(v[34:])
+				p.tokens[j] = float64(v[6])
 			}
 			p.c.res[p.idx[j]] = res
 			v = v[per:]
 		}
 	}
 	if len(v) != 0 {
-		return fmt.Errorf("reply has %d bytes too many", len(v))
+		return fmt.Errorf("reply has %d values too many", len(v))
 	}
 	return nil
-}
-
-// le64 reads a little-endian float64 from the first 8 bytes of s.
-func le64(s string) float64 {
-	_ = s[7]
-	u := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
-	return math.Float64frombits(u)
 }

@@ -41,9 +41,9 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 	}
 	cmds := r.pipelineEval(ctx, r.decideSHA, scripts.Decide, keys, blobs)
 	for i, s := range order {
-		err := cmds[i].Err()
+		v, err := cmds[i].Int64Slice()
 		if err == nil {
-			err = r.parseReply(cmds[i], groups[s], true)
+			err = r.parseReply(v, groups[s], true)
 		}
 		if err != nil {
 			err = classify(err)

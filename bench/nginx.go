@@ -153,8 +153,10 @@ func startNginxLuaRedis(ctx context.Context, e *runEnv) (*instance, error) {
 }
 
 // startNginxAuthlimit renders nginx/example.conf as e2e/proxies_test.go
-// does, replacing only its addresses, with authlimit denying 403 as the
-// file requires, and a static-file server block as the backend.
+// does, replacing its addresses, with authlimit denying 403 as the file
+// requires. The protected location serves the static file itself instead of
+// proxying to a backend, as the other nginx systems do, so that the ratio to
+// nginx alone measures what the rate limit costs and nothing else.
 func startNginxAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
 	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false), "AUTHLIMIT_DENY_STATUS=403")
 	if err != nil {
@@ -170,12 +172,13 @@ func startNginxAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
 	site, err := render(string(conf),
 		"server authlimit:8080;", "server "+alAddr+";",
 		"server backend:80;", "server "+backend+";",
-		"listen 8080;", "listen "+addr+";")
+		"listen 8080;", "listen "+addr+";",
+		"        proxy_pass http://backend;\n        proxy_set_header Host $host;\n", "        root "+e.dir+"/html;\n        proxy_set_header Host $host;\n")
 	if err != nil {
 		al.stop()
 		return nil, fmt.Errorf("render %s: %w", e.o.nginxConf, err)
 	}
-	in, err := startNginx(ctx, e, addr, site+staticServer(e.dir, backend), false, al)
+	in, err := startNginx(ctx, e, addr, site, false, al)
 	if err != nil {
 		al.stop()
 		return nil, err

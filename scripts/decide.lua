@@ -24,15 +24,16 @@
 --   requests per request: [B] the number of rules, then per rule: [H] the
 --            policy id, [B] shadow (1: its denial does not deny),
 --            [d] cost, [H] key length and the key
--- Reply: a binary string, per request [B] admitted (1 or 0), then per rule
---   [B] allowed (1 or 0), [B] reason (0 none, 1 limited, 2 cost too high),
---   [d] remaining, [d] reset after (µs), [d] retry after (µs), [d] delay
---   (µs), and with flag 1 [d] a refund token for refund.lua.
---   An admitted request's allowing rules answer with their counts after
---   consuming; otherwise every rule answers with the counts that stand.
+-- Reply: an array of integers: per request, admitted (1 or 0), then per
+--   rule allowed (1 or 0), reason (0 none, 1 limited, 2 cost too high),
+--   remaining, reset after (µs), retry after (µs), delay (µs), and with
+--   flag 1 a refund token for refund.lua. An admitted request's allowing
+--   rules answer with their counts after consuming; otherwise every rule
+--   answers with the counts that stand.
 --
 -- State, by algorithm, each in one key that expires when its state no longer
--- matters (hex integers are written with %x):
+-- matters (hex integers are written with %x, which keeps the keys redis
+-- holds most of small):
 --   fixed_window            string "<window index>:<count>" in hex
 --   sliding_window_counter  string "<window index>:<count>:<previous count>"
 --   token_bucket            string [dd]: last update (µs), tokens
@@ -48,8 +49,9 @@
 --                           O(log n) however long the log.
 -- Every value is computed and checked before the first write, so a call
 -- never fails halfway; a key of the wrong type reads as no state and is
--- replaced. Numbers passed to Redis are formatted with %d: Lua's own
--- conversion keeps only 14 digits.
+-- replaced. The script makes as little garbage as it can (one table of
+-- results, one reply), since Redis pays for Lua's garbage collection in
+-- every call.
 
 local sunpack, spack = struct.unpack, struct.pack
 local sub, format, find = string.sub, string.format, string.find
@@ -63,36 +65,36 @@ local RETRY_STEPS = 4
 
 local blob = ARGV[1]
 local now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
-local pinned = now >= 0
-if not pinned then
+local slack = 0
+if now < 0 then
   local t = call('TIME')
   now = max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH, 0)
+else
+  -- A pinned clock runs apart from Redis's own, which expires keys: give
+  -- tests an hour of slack so a key never expires under a test's feet.
+  slack = 3600000
 end
 local tokens_wanted = flags % 2 == 1
 
-local PA, PL, PW, PB, PD, PM = {}, {}, {}, {}, {}, {}
+-- Policies, 7 values each from P[8 * id].
+local P = {}
 for _ = 1, npol do
   local id, a, L, W, B, D, M
   id, a, L, W, B, D, M, pos = sunpack('<HBddddd', blob, pos)
-  PA[id], PL[id], PW[id], PB[id], PD[id], PM[id] = a, L, W, B, D, M
+  local b = 8 * id
+  P[b], P[b + 1], P[b + 2], P[b + 3], P[b + 4], P[b + 5] = a, L, W, B, D, M
 end
 
--- ttl turns microseconds of relevance into a key expiry in milliseconds.
--- A pinned clock runs apart from Redis's own, which expires keys: give tests
--- an hour of slack so a key never expires under a test's feet.
-local function ttl(us)
-  local ms = max(ceil(us / 1000), 1)
-  if pinned then
-    ms = ms + 3600000
-  end
-  return format('%d', ms)
-end
+-- R holds one request's rules, 16 values each from R[16 * i]: what the rule
+-- answers, and what it writes if the request is admitted.
+local KEY, ALG, COST, CAP, OK, HREM, HRESET, HRETRY, TREM, TRESET, TDELAY, WVAL, WTTL, TOKEN, LAT, LRANK =
+  0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
+local R = {}
 
-local function time_for(units, W, L)
-  return ceil(units * W / L)
-end
-
--- hexes reads "a:b" or "a:b:c"; nil if v is not such a string.
+-- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
+-- It is the script's only function: every closure a call makes costs Redis
+-- an allocation and its collection, so the rest is written inline, and the
+-- few helpers a denial needs are made only when one does.
 local function hexes(v)
   if type(v) ~= 'string' then
     return nil
@@ -114,295 +116,260 @@ local function hexes(v)
   return nil
 end
 
--- pair reads a [dd] state; nil if v is not one.
-local function pair(v)
-  if type(v) ~= 'string' or #v ~= 16 then
-    return nil
-  end
-  return sunpack('<dd', v)
-end
-
--- Per rule of the request being decided: what it answers, and what it
--- writes if the request is admitted. Reused for every request.
-local key, alg, cost, shadow, cap = {}, {}, {}, {}, {}
-local ok, hrem, hreset, hretry, trem, treset, tdelay = {}, {}, {}, {}, {}, {}, {}
-local wval, wttl, token = {}, {}, {}
-local lat, lfresh, lrank, ltotal = {}, {}, {}, {}
-
-local function fixed_window(i, W, L)
-  local idx, n = (now - fmod(now, W)) / W, 0
-  local w, c = hexes(pcall('GET', key[i]))
-  if w and w >= idx then
-    -- A later window than now's: the clock stepped back.
-    idx, n = w, c
-  end
-  local ending = (idx + 1) * W - now
-  hrem[i] = L - n
-  if n > 0 then
-    hreset[i] = ending
-  end
-  if cost[i] > cap[i] or n + cost[i] > L then
-    hretry[i] = ending
-    return
-  end
-  ok[i], trem[i], treset[i] = 1, L - n - cost[i], ending
-  wval[i], wttl[i], token[i] = format('%x:%x', idx, n + cost[i]), ttl(ending), idx
-end
-
--- counter_windows reads a sliding_window_counter state at time at.
-local function counter_windows(at, W, w, n, p)
-  local idx, cur, prev = (at - fmod(at, W)) / W, 0, 0
-  if w then
-    if w >= idx then
-      idx, cur, prev = w, n, p
-    elseif w == idx - 1 then
-      prev = n
-    end
-  end
-  return idx, cur, prev
-end
-
-local function counter_admits(at, W, L, c, w, n, p)
-  local idx, cur, prev = counter_windows(at, W, w, n, p)
-  local e = max(at - idx * W, 0)
-  return prev * (W - e) / W + cur + c <= L
-end
-
-local function sliding_window_counter(i, W, L)
-  local w, n, p = hexes(pcall('GET', key[i]))
-  local idx, cur, prev = counter_windows(now, W, w, n, p)
-  local e = max(now - idx * W, 0) -- elapsed in the current window
-  local est = prev * (W - e) / W + cur
-  local c = cost[i]
-  hrem[i] = max(floor(L - est), 0)
-  if cur > 0 then
-    hreset[i] = 2 * W - e
-  elseif prev > 0 then
-    hreset[i] = W - e
-  end
-  if c > cap[i] then
-    return
-  elseif est + c <= L then
-    ok[i], trem[i], treset[i] = 1, max(floor(L - est - c), 0), 2 * W - e
-    wval[i], wttl[i], token[i] = format('%x:%x:%x', idx, cur + c, prev), ttl(2 * W - e), idx
-    return
-  end
-  local wait
-  if cur + c <= L then
-    -- Only the previous window's weight must shrink.
-    local at = W - (L - cur - c) * W / prev
-    wait = max(ceil(at - e), 1)
-  else
-    -- Wait into the next window, where this window's count is the previous.
-    local at = W - (L - c) * W / cur
-    wait = W - e + max(ceil(at), 0)
-  end
-  for _ = 1, RETRY_STEPS do
-    if counter_admits(now + wait, W, L, c, w, n, p) then
-      break
-    end
-    wait = wait + 1
-  end
-  hretry[i] = wait
-end
-
-local function tokens_at(at, W, L, B, t, x)
-  if not t then
-    return B
-  end
-  return min(B, x + max(at - t, 0) * L / W)
-end
-
-local function token_bucket(i, W, L, B)
-  local t, x = pair(pcall('GET', key[i]))
-  local tokens = tokens_at(now, W, L, B, t, x)
-  local c = cost[i]
-  hrem[i] = floor(tokens)
-  hreset[i] = time_for(B - tokens, W, L)
-  if c > cap[i] then
-    return
-  end
-  if tokens < c then
-    local wait = time_for(c - tokens, W, L)
-    for _ = 1, RETRY_STEPS do
-      if tokens_at(now + wait, W, L, B, t, x) >= c then
-        break
-      end
-      wait = wait + 1
-    end
-    hretry[i] = wait
-    return
-  end
-  tokens = tokens - c
-  ok[i], trem[i], treset[i] = 1, floor(tokens), time_for(B - tokens, W, L)
-  wval[i], wttl[i], token[i] = spack('<dd', now, tokens), ttl(treset[i]), 0
-end
-
-local function level_at(at, W, L, t, x)
-  if not t then
-    return 0
-  end
-  return max(0, x - max(at - t, 0) * L / W)
-end
-
-local function leak_wait(level, c, W, L, B)
-  local over = level + c - B
-  if over <= 0 then
-    return 0
-  end
-  return time_for(over, W, L)
-end
-
-local function leaky_bucket(i, W, L, B, D)
-  local t, x = pair(pcall('GET', key[i]))
-  local level = level_at(now, W, L, t, x)
-  local c = cost[i]
-  hrem[i] = max(floor(B - level), 0)
-  hreset[i] = time_for(level, W, L)
-  if c > cap[i] then
-    return
-  end
-  local wait = leak_wait(level, c, W, L, B)
-  if wait > D then
-    local retry = wait - D
-    for _ = 1, RETRY_STEPS do
-      if leak_wait(level_at(now + retry, W, L, t, x), c, W, L, B) <= D then
-        break
-      end
-      retry = retry + 1
-    end
-    hretry[i] = retry
-    return
-  end
-  level = level + c
-  ok[i], trem[i], treset[i], tdelay[i] = 1, max(floor(B - level), 0), time_for(level, W, L), wait
-  wval[i], wttl[i], token[i] = spack('<dd', now, level), ttl(treset[i]), 0
-end
-
-local function sliding_window_log(i, W, L)
-  local k, c = key[i], cost[i]
-  local newest = pcall('ZRANGE', k, -1, -1, 'WITHSCORES')
-  local total, before, rank, card = 0, 0, -1, 0
-  local at = now
-  lfresh[i] = true
-  if type(newest) ~= 'table' or newest.err then
-    lfresh[i] = 'replace' -- a key of another type
-  elseif #newest > 0 then
-    lfresh[i] = false
-    total = tonumber(newest[1], 16)
-    local ts = tonumber(newest[2])
-    at = max(now, ts)
-    -- The entry at or before the edge with the greatest time: the window
-    -- holds what came after it.
-    local edge = call('ZRANGE', k, format('%d', now - W), '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
-    before = tonumber(edge[1], 16)
-    rank = call('ZRANK', k, edge[1])
-    card = call('ZCARD', k)
-    if total - before > 0 then
-      hreset[i] = ts + W - now
-    end
-  end
-  local n = total - before
-  hrem[i] = L - n
-  if c > cap[i] then
-    return
-  elseif n + c > L then
-    -- The oldest entries must leave until the request fits: find the first
-    -- whose total frees enough, by binary search on rank.
-    local want = before + n + c - L
-    local lo, hi = rank + 1, card - 1
-    while lo < hi do
-      local mid = floor((lo + hi) / 2)
-      if tonumber(call('ZRANGE', k, mid, mid)[1], 16) >= want then
-        hi = mid
-      else
-        lo = mid + 1
-      end
-    end
-    hretry[i] = tonumber(call('ZRANGE', k, lo, lo, 'WITHSCORES')[2]) + W - now
-    return
-  end
-  ok[i], trem[i], treset[i] = 1, L - n - c, at + W - now
-  lat[i], lrank[i], ltotal[i] = at, rank, total + c
-  wttl[i], token[i] = ttl(at + W - now), total + c
-end
-
-local function write_log(i)
-  local k = key[i]
-  if lfresh[i] == 'replace' then
-    call('DEL', k)
-  end
-  local total = ltotal[i]
-  if lfresh[i] then
-    call('ZADD', k, '-inf', '00000000000000')
-  elseif total >= REBASE then
-    -- Restart the totals from the kept edge entry: rewrite the window.
-    local kept = call('ZRANGE', k, lrank[i], -1, 'WITHSCORES')
-    local base = tonumber(kept[1], 16)
-    call('DEL', k)
-    call('ZADD', k, '-inf', '00000000000000')
-    for j = 3, #kept, 2 do
-      call('ZADD', k, kept[j + 1], format('%014x', tonumber(kept[j], 16) - base))
-    end
-    total = total - base
-    lrank[i] = 0
-  end
-  call('ZADD', k, format('%d', lat[i]), format('%014x', total))
-  call('PEXPIRE', k, wttl[i])
-  if lrank[i] > 0 then
-    call('ZREMRANGEBYRANK', k, 0, min(lrank[i], SWEEP) - 1)
-  end
-end
-
-local reply = {}
+local reply, r = {}, 0
 for _ = 1, nreq do
   local nrules
   nrules, pos = sunpack('<B', blob, pos)
   local all = 1
-  -- Phase one: every rule decides without writing.
+  -- Phase one: every rule decides without writing. A key expires (ttl, in
+  -- ms) when its state no longer matters; a pinned clock adds slack.
   for i = 1, nrules do
-    local id, sh
-    id, sh, cost[i], key[i], pos = sunpack('<HBdHc0', blob, pos)
-    local a, W, L = PA[id], PW[id], PL[id]
-    alg[i], shadow[i], cap[i] = a, sh == 1, PM[id]
-    ok[i], hrem[i], hreset[i], hretry[i], tdelay[i], token[i] = 0, 0, 0, 0, 0, 0
-    if a == 1 then
-      fixed_window(i, W, L)
-    elseif a == 2 then
-      sliding_window_log(i, W, L)
-    elseif a == 3 then
-      sliding_window_counter(i, W, L)
-    elseif a == 4 then
-      token_bucket(i, W, L, PB[id])
-    else -- leaky_bucket, and gcra, which is one with it (see algo/eval.go)
-      leaky_bucket(i, W, L, PB[id], PD[id])
+    local b = 16 * i
+    local id, sh, c, k
+    id, sh, c, k, pos = sunpack('<HBdHc0', blob, pos)
+    local p = 8 * id
+    local a, L, W, B, D, M = P[p], P[p + 1], P[p + 2], P[p + 3], P[p + 4], P[p + 5]
+    R[b + KEY], R[b + COST], R[b + ALG], R[b + CAP] = k, c, a, M
+    R[b + OK], R[b + HREM], R[b + HRESET], R[b + HRETRY], R[b + TDELAY], R[b + TOKEN] = 0, 0, 0, 0, 0, 0
+    if a == 1 then -- fixed_window
+      local idx, n = (now - fmod(now, W)) / W, 0
+      local w, cnt = hexes(pcall('GET', k))
+      if w and w >= idx then
+        -- A later window than now's: the clock stepped back.
+        idx, n = w, cnt
+      end
+      local ending = (idx + 1) * W - now
+      R[b + HREM] = L - n
+      if n > 0 then
+        R[b + HRESET] = ending
+      end
+      if c > M or n + c > L then
+        R[b + HRETRY] = ending
+      else
+        R[b + OK], R[b + TREM], R[b + TRESET] = 1, L - n - c, ending
+        R[b + WVAL], R[b + WTTL], R[b + TOKEN] = format('%x:%x', idx, n + c), max(ceil(ending / 1000), 1) + slack, idx
+      end
+    elseif a == 3 then -- sliding_window_counter
+      local w, n, pv = hexes(pcall('GET', k))
+      local idx, cur, prev = (now - fmod(now, W)) / W, 0, 0
+      if w then
+        if w >= idx then
+          idx, cur, prev = w, n, pv
+        elseif w == idx - 1 then
+          prev = n
+        end
+      end
+      local e = max(now - idx * W, 0) -- elapsed in the current window
+      local est = prev * (W - e) / W + cur
+      R[b + HREM] = max(floor(L - est), 0)
+      if cur > 0 then
+        R[b + HRESET] = 2 * W - e
+      elseif prev > 0 then
+        R[b + HRESET] = W - e
+      end
+      if c > M then
+        -- denied: cost too high
+      elseif est + c <= L then
+        R[b + OK], R[b + TREM], R[b + TRESET] = 1, max(floor(L - est - c), 0), 2 * W - e
+        R[b + WVAL], R[b + WTTL], R[b + TOKEN] = format('%x:%x:%x', idx, cur + c, prev), max(ceil((2 * W - e) / 1000), 1) + slack, idx
+      else
+        local wait
+        if cur + c <= L then
+          -- Only the previous window's weight must shrink.
+          wait = max(ceil(W - (L - cur - c) * W / prev - e), 1)
+        else
+          -- Wait into the next window, where this window's count is the
+          -- previous.
+          wait = W - e + max(ceil(W - (L - c) * W / cur), 0)
+        end
+        -- Check the wait against the state as it stands.
+        local function admits(at)
+          local ix, cu, pr = (at - fmod(at, W)) / W, 0, 0
+          if w then
+            if w >= ix then
+              ix, cu, pr = w, n, pv
+            elseif w == ix - 1 then
+              pr = n
+            end
+          end
+          local el = max(at - ix * W, 0)
+          return pr * (W - el) / W + cu + c <= L
+        end
+        for _ = 1, RETRY_STEPS do
+          if admits(now + wait) then
+            break
+          end
+          wait = wait + 1
+        end
+        R[b + HRETRY] = wait
+      end
+    elseif a == 2 then -- sliding_window_log
+      local newest = pcall('ZRANGE', k, -1, -1, 'WITHSCORES')
+      local total, before, rank, card = 0, 0, -1, 0
+      local at = now
+      R[b + WVAL] = 'fresh'
+      if type(newest) ~= 'table' or newest.err then
+        R[b + WVAL] = 'replace' -- a key of another type
+      elseif #newest > 0 then
+        R[b + WVAL] = 'append'
+        total = tonumber(newest[1], 16)
+        local ts = tonumber(newest[2])
+        at = max(now, ts)
+        -- The entry at or before the edge with the greatest time: the
+        -- window holds what came after it.
+        local edge = call('ZRANGE', k, now - W, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
+        before = tonumber(edge[1], 16)
+        rank = call('ZRANK', k, edge[1])
+        card = call('ZCARD', k)
+        if total - before > 0 then
+          R[b + HRESET] = ts + W - now
+        end
+      end
+      local n = total - before
+      R[b + HREM] = L - n
+      if c > M then
+        -- denied: cost too high
+      elseif n + c > L then
+        -- The oldest entries must leave until the request fits: find the
+        -- first whose total frees enough, by binary search on rank.
+        local want = before + n + c - L
+        local lo, hi = rank + 1, card - 1
+        while lo < hi do
+          local mid = floor((lo + hi) / 2)
+          if tonumber(call('ZRANGE', k, mid, mid)[1], 16) >= want then
+            hi = mid
+          else
+            lo = mid + 1
+          end
+        end
+        R[b + HRETRY] = tonumber(call('ZRANGE', k, lo, lo, 'WITHSCORES')[2]) + W - now
+      else
+        R[b + OK], R[b + TREM], R[b + TRESET] = 1, L - n - c, at + W - now
+        R[b + LAT], R[b + LRANK], R[b + WTTL], R[b + TOKEN] = at, rank, max(ceil((at + W - now) / 1000), 1) + slack, total + c
+      end
+    else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
+      local t, x
+      local v = pcall('GET', k)
+      if type(v) == 'string' and #v == 16 then
+        t, x = sunpack('<dd', v)
+      end
+      -- A token bucket holds tokens refilling up to B; a leaky bucket a
+      -- level draining to 0.
+      local function level_at(at)
+        if a == 4 then
+          if not t then
+            return B
+          end
+          return min(B, x + max(at - t, 0) * L / W)
+        end
+        if not t then
+          return 0
+        end
+        return max(0, x - max(at - t, 0) * L / W)
+      end
+      local level = level_at(now)
+      if a == 4 then
+        R[b + HREM] = floor(level)
+        R[b + HRESET] = ceil((B - level) * W / L)
+      else
+        R[b + HREM] = max(floor(B - level), 0)
+        R[b + HRESET] = ceil(level * W / L)
+      end
+      if c > M then
+        -- denied: cost too high
+      elseif a == 4 then
+        if level < c then
+          local wait = ceil((c - level) * W / L)
+          for _ = 1, RETRY_STEPS do
+            if level_at(now + wait) >= c then
+              break
+            end
+            wait = wait + 1
+          end
+          R[b + HRETRY] = wait
+        else
+          level = level - c
+          R[b + OK], R[b + TREM], R[b + TRESET] = 1, floor(level), ceil((B - level) * W / L)
+        end
+      else
+        -- The request waits until enough has drained for it to fit.
+        local over, wait = level + c - B, 0
+        if over > 0 then
+          wait = ceil(over * W / L)
+        end
+        if wait > D then
+          local retry = wait - D
+          for _ = 1, RETRY_STEPS do
+            local o = level_at(now + retry) + c - B
+            if o <= 0 or ceil(o * W / L) <= D then
+              break
+            end
+            retry = retry + 1
+          end
+          R[b + HRETRY] = retry
+        else
+          level = level + c
+          R[b + OK], R[b + TREM], R[b + TRESET], R[b + TDELAY] = 1, max(floor(B - level), 0), ceil(level * W / L), wait
+        end
+      end
+      if R[b + OK] == 1 then
+        R[b + WVAL], R[b + WTTL] = spack('<dd', now, level), max(ceil(R[b + TRESET] / 1000), 1) + slack
+      end
     end
-    if ok[i] == 0 and not shadow[i] then
+    if R[b + OK] == 0 and sh ~= 1 then
       all = 0
     end
   end
   -- Phase two: only if the request is admitted, write, and answer with the
   -- counts after consuming; otherwise answer with the counts as they stand.
-  reply[#reply + 1] = spack('<B', all)
+  r = r + 1
+  reply[r] = all
   for i = 1, nrules do
-    local reason, rem, reset, retry, delay = 0, hrem[i], hreset[i], hretry[i], 0
-    if cost[i] > cap[i] then
+    local b = 16 * i
+    local ok, reason, rem, reset, retry, delay = R[b + OK], 0, R[b + HREM], R[b + HRESET], R[b + HRETRY], 0
+    if R[b + COST] > R[b + CAP] then
       reason, retry = 2, 0
-    elseif ok[i] == 0 then
+    elseif ok == 0 then
       reason = 1
     elseif all == 1 then
-      if alg[i] == 2 then
-        write_log(i)
+      local k = R[b + KEY]
+      if R[b + ALG] ~= 2 then
+        call('SET', k, R[b + WVAL], 'PX', R[b + WTTL])
       else
-        call('SET', key[i], wval[i], 'PX', wttl[i])
+        -- Record the admission in the log.
+        local total, rank = R[b + TOKEN], R[b + LRANK]
+        if R[b + WVAL] == 'replace' then
+          call('DEL', k)
+        end
+        if R[b + WVAL] ~= 'append' then
+          call('ZADD', k, '-inf', '00000000000000')
+        elseif total >= REBASE then
+          -- Restart the totals from the kept edge entry: rewrite the
+          -- window.
+          local kept = call('ZRANGE', k, rank, -1, 'WITHSCORES')
+          local base = tonumber(kept[1], 16)
+          call('DEL', k)
+          call('ZADD', k, '-inf', '00000000000000')
+          for j = 3, #kept, 2 do
+            call('ZADD', k, kept[j + 1], format('%014x', tonumber(kept[j], 16) - base))
+          end
+          total, rank = total - base, 0
+          R[b + TOKEN] = total
+        end
+        call('ZADD', k, R[b + LAT], format('%014x', total))
+        call('PEXPIRE', k, R[b + WTTL])
+        if rank > 0 then
+          call('ZREMRANGEBYRANK', k, 0, min(rank, SWEEP) - 1)
+        end
       end
-      rem, reset, delay = trem[i], treset[i], tdelay[i]
+      rem, reset, delay = R[b + TREM], R[b + TRESET], R[b + TDELAY]
     end
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] = ok, reason, rem, reset, retry, delay
+    r = r + 6
     if tokens_wanted then
-      reply[#reply + 1] = spack('<BBddddd', ok[i], reason, rem, reset, retry, delay, token[i])
-    else
-      reply[#reply + 1] = spack('<BBdddd', ok[i], reason, rem, reset, retry, delay)
+      r = r + 1
+      reply[r] = R[b + TOKEN]
     end
   end
 end
-return table.concat(reply)
+return reply

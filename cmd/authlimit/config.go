@@ -297,6 +297,9 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	base.MinIdleConns = c.RedisPoolSize
 	base.ConnMaxIdleTime = -1
 	base.ClientName = "authlimit"
+	// RESP2: authlimit needs no push messages, and go-redis looks for them
+	// before every RESP3 call.
+	base.Protocol = 2
 	// A refused dial fails at once (the fail mode answers), and a call is
 	// never sent twice: one whose reply was lost may have consumed, and a
 	// retry would count its requests again.
@@ -315,6 +318,7 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		DialTimeout:           base.DialTimeout,
 		PoolTimeout:           base.PoolTimeout,
 		ClientName:            base.ClientName,
+		Protocol:              base.Protocol,
 		DialerRetries:         base.DialerRetries,
 		MaxRetries:            base.MaxRetries,
 	}
