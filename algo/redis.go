@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -165,16 +164,22 @@ func (r *Redis) Warm(ctx context.Context) error {
 				return fmt.Errorf("load script: %w", err)
 			}
 		}
-		// Pings from concurrent goroutines make the pool dial.
-		errs := make(chan error, r.conns)
+		// Hold Conns connections at once, each pinged, so the pool has
+		// dialed them all; then give them back to it, idle.
+		held := make([]*redis.Conn, 0, r.conns)
+		defer func() {
+			for _, cn := range held {
+				_ = cn.Close()
+			}
+		}()
 		for i := 0; i < r.conns; i++ {
-			go func() { errs <- c.Ping(ctx).Err() }()
+			cn := c.Conn()
+			held = append(held, cn)
+			if err := cn.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("open connections: %w", err)
+			}
 		}
-		var err error
-		for i := 0; i < r.conns; i++ {
-			err = errors.Join(err, <-errs)
-		}
-		return err
+		return nil
 	}
 	if r.cluster != nil {
 		return r.cluster.ForEachMaster(ctx, load)

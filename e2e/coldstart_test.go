@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/internal/redistest"
 )
@@ -31,6 +34,7 @@ func TestColdStartExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	admin := redis.Client(t)
 	busy(t, runtime.NumCPU())
 	algorithms := []string{"fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "leaky_bucket", "gcra"}
 	var rules []string
@@ -45,11 +49,15 @@ func TestColdStartExact(t *testing.T) {
 			"AUTHLIMIT_LOG_LEVEL":  "warn",
 		})
 		waitReady(t, a)
+		dialed := connectionsReceived(t, admin)
 		for _, alg := range algorithms {
 			statuses := burst(t, a.addr, "/"+alg, clients)
 			if statuses[200] != limit || statuses[429] != clients-limit {
 				t.Errorf("start %d, %s: %d concurrent clients got %v, want exactly %d admitted and the rest 429", run+1, alg, clients, statuses, limit)
 			}
+		}
+		if got := connectionsReceived(t, admin) - dialed; got != 0 {
+			t.Errorf("start %d: authlimit dialed Redis %d times during the first bursts, want 0 (connections open before it is ready)", run+1, got)
 		}
 		m := scrape(t, a.addr)
 		for _, name := range []string{"authlimit_store_errors_total", "authlimit_fail_mode_decisions_total", "authlimit_store_unavailable_total"} {
@@ -62,6 +70,23 @@ func TestColdStartExact(t *testing.T) {
 			return
 		}
 	}
+}
+
+// connectionsReceived reads how many connections Redis has accepted.
+func connectionsReceived(t *testing.T, c *goredis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_connections_received:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	t.Fatal("INFO stats has no total_connections_received")
+	return 0
 }
 
 // busy keeps n processes spinning until the test ends.
