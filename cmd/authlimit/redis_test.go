@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -289,5 +291,27 @@ func TestSentinelMode(t *testing.T) {
 	keys, err := master.Client(t).Keys(context.Background(), "sentinel-test:*").Result()
 	if err != nil || len(keys) == 0 {
 		t.Errorf("the master holds no authlimit keys (%v, %v): decisions did not go through the sentinel's master", keys, err)
+	}
+}
+
+// TestShippedAlertsAndDashboardUseRealMetrics: every authlimit_* metric the
+// shipped alert rules and dashboard query is one authlimit exports.
+func TestShippedAlertsAndDashboardUseRealMetrics(t *testing.T) {
+	srv := redistest.New(t)
+	app := startApp(t, redisEnv(srv, srv.Prefix(t)))
+	app.do(t, authFrom("203.0.113.7"))
+	exported := app.do(t, request{path: "/metrics"}).body
+	names := regexp.MustCompile(`authlimit_[a-z_]+`)
+	for _, file := range []string{"../../deploy/prometheus/alerts.yml", "../../deploy/grafana/authlimit-dashboard.json"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names.FindAllString(string(b), -1) {
+			base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_count"), "_sum")
+			if !strings.Contains(exported, "# TYPE "+base+" ") {
+				t.Errorf("%s queries %s, which authlimit does not export", file, name)
+			}
+		}
 	}
 }
