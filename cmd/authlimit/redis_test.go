@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,6 +314,44 @@ func TestShippedAlertsAndDashboardUseRealMetrics(t *testing.T) {
 			if !strings.Contains(exported, "# TYPE "+base+" ") {
 				t.Errorf("%s queries %s, which authlimit does not export", file, name)
 			}
+		}
+	}
+}
+
+// TestSlowDecisionGainsNothing is issue 8's attack: a client fills a
+// sliding_window_log of 20000 entries, then asks for all of it at once. The
+// denial costs Redis O(log n), well within the budget, and even a decision
+// that did pass its budget would be answered 503, never by the fail mode's
+// fresh local quota.
+func TestSlowDecisionGainsNothing(t *testing.T) {
+	const n = 20000
+	srv := redistest.New(t)
+	app := startApp(t, redisEnv(srv, srv.Prefix(t), "AUTHLIMIT_RULES", "name=log key=ip limit=20000/1h algorithm=sliding_window_log cost=header:X-Cost",
+		"AUTHLIMIT_REDIS_TIMEOUT", "50ms", "AUTHLIMIT_FAIL_MODE", "local"))
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < n/8; i++ {
+				if app.do(t, authFrom("203.0.113.7")).status == 200 {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() != n {
+		t.Fatalf("filling: %d of %d admitted", admitted.Load(), n)
+	}
+	for _, cost := range []string{"20000", "1", "10000"} {
+		r := app.do(t, authFrom("203.0.113.7", "X-Cost", cost))
+		wantStatus(t, r, 429, "cost "+cost+" over a full log")
+	}
+	for _, m := range []string{`authlimit_fail_mode_decisions_total{mode="local"}`, `authlimit_store_errors_total{kind="timeout"}`} {
+		if got := metric(t, app, m); got != 0 {
+			t.Errorf("%s = %v, want 0", m, got)
 		}
 	}
 }
