@@ -2,10 +2,13 @@ package algo
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha1"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,6 +48,8 @@ type Redis struct {
 	onLost  func(n int, err error)
 
 	decideSHA, refundSHA string
+	probe                *Policy       // Warm's decision: cost 2 under a limit of 1
+	seq                  atomic.Uint64 // request ids, from a random start
 
 	regMu    sync.RWMutex
 	ids      map[*Policy]uint16
@@ -131,6 +136,10 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		stop:      make(chan struct{}),
 	}
 	r.cluster, _ = client.(*redis.ClusterClient)
+	r.probe, _ = NewPolicy(Spec{Name: "authlimit-probe", Algorithm: FixedWindow, Limit: 1, Window: time.Second})
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	r.seq.Store(binary.LittleEndian.Uint64(b[:]) >> 12)
 	r.calls.New = func() any {
 		c := &call{done: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 		c.timer.Stop()
@@ -156,7 +165,10 @@ func digest(src string) string {
 // Warm makes the store ready to decide without delay: it loads the scripts
 // into Redis (every primary, for a cluster) and opens Conns connections (to
 // every primary), so that the first burst of requests neither dials nor
-// falls back from EVALSHA to EVAL. Decide works without it.
+// falls back from EVALSHA to EVAL; then it makes one decision that reads a
+// key under the prefix and writes nothing, within the budget, to learn
+// whether decisions can be made: a replica, a user denied the prefix, or a
+// link slower than the budget fail it. Decide works without Warm.
 func (r *Redis) Warm(ctx context.Context) error {
 	load := func(ctx context.Context, c *redis.Client) error {
 		for _, src := range []string{scripts.Decide, scripts.Refund} {
@@ -182,13 +194,48 @@ func (r *Redis) Warm(ctx context.Context) error {
 		return nil
 	}
 	if r.cluster != nil {
-		return r.cluster.ForEachMaster(ctx, load)
+		if err := r.cluster.ForEachMaster(ctx, load); err != nil {
+			return err
+		}
+	} else {
+		c, ok := r.client.(*redis.Client)
+		if !ok {
+			return fmt.Errorf("redis warm: unsupported client %T", r.client)
+		}
+		if err := load(ctx, c); err != nil {
+			return err
+		}
 	}
-	c, ok := r.client.(*redis.Client)
-	if !ok {
-		return fmt.Errorf("redis warm: unsupported client %T", r.client)
+	return r.probeDecision(ctx)
+}
+
+// probeDecision decides one request that costs more than its policy ever
+// admits: the script reads the policy's key, under the prefix, and writes
+// nothing.
+func (r *Redis) probeDecision(ctx context.Context) error {
+	if d, ok := ctx.Deadline(); !ok || r.timeout > 0 && time.Until(d) > r.timeout {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.timeout)
+		defer cancel()
 	}
-	return load(ctx, c)
+	c := &call{}
+	if err := r.encode(ctx, c, []Request{{Policy: r.probe, Key: []byte("probe"), Cost: 2}}); err != nil {
+		return err
+	}
+	w := &worker{parts: []*part{&c.parts[0]}}
+	if r.cluster != nil {
+		w.blob = r.appendBatch(nil, w, 1)
+		cmd := r.pipelineEval(ctx, r.decideSHA, scripts.Decide, [][]string{c.parts[0].keys}, [][]byte{w.blob})[0]
+		if err := cmd.Err(); err != nil {
+			return fmt.Errorf("probe decision: %w", err)
+		}
+		return nil
+	}
+	w.blob = r.appendBatch(nil, w, 0)
+	if err := r.evalRaw(ctx, w); err != nil {
+		return fmt.Errorf("probe decision: %w", err)
+	}
+	return r.parseReply(w.ints, w.parts, false)
 }
 
 // Ping reports whether Redis answers (every primary, for a cluster).

@@ -24,7 +24,8 @@ import (
 // it back (see abandon).
 type call struct {
 	parts    []part
-	n        int // requests
+	id       float64 // unique in this store, below 2^52: names the request's log entries
+	n        int     // requests
 	res      [MaxRules]Result
 	admitted bool
 	err      error
@@ -44,8 +45,8 @@ const (
 )
 
 // part is the requests of one call that share a cluster slot, encoded as
-// decide.lua reads a request: [B] count, then per rule [H] policy id,
-// [B] shadow, [d] cost, [H] key length and the key.
+// decide.lua reads a request: [B] count, [d] request id, then per rule [H]
+// policy id, [B] shadow, [d] cost, [H] key length and the key.
 type part struct {
 	c     *call
 	buf   []byte
@@ -55,6 +56,9 @@ type part struct {
 	keys  []string // their storage keys, for a cluster's KEYS
 	slot  uint16
 
+	// Set by the batch; shard and err in a cluster only.
+	shard    int
+	err      error
 	admitted bool
 	tokens   [MaxRules]float64 // refund tokens (cluster)
 }
@@ -69,6 +73,7 @@ func (c *call) abandon() bool {
 func (r *Redis) encode(ctx context.Context, c *call, reqs []Request) error {
 	c.state.Store(callQueued)
 	c.n, c.err, c.admitted = len(reqs), nil, false
+	c.id = float64(r.seq.Add(1) % (1 << 52))
 	c.parts = c.parts[:0]
 	for i := range reqs {
 		q := &reqs[i]
@@ -120,8 +125,8 @@ func (r *Redis) partFor(c *call, key []byte) *part {
 	}
 	p := &c.parts[len(c.parts)-1]
 	p.c = c
-	p.buf = append(p.buf[:0], 0)
-	p.idx, p.ids, p.costs, p.keys, p.slot, p.admitted = p.idx[:0], p.ids[:0], p.costs[:0], p.keys[:0], s, false
+	p.buf = binary.LittleEndian.AppendUint64(append(p.buf[:0], 0), math.Float64bits(c.id))
+	p.idx, p.ids, p.costs, p.keys, p.slot, p.admitted, p.err = p.idx[:0], p.ids[:0], p.costs[:0], p.keys[:0], s, false, nil
 	return p
 }
 
@@ -280,7 +285,7 @@ func classify(err error) error {
 		return nil
 	}
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) {
+	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) || notExecuted(err) {
 		return fmt.Errorf("redis decide: %w: %w", ErrUnreachable, err)
 	}
 	var ne net.Error

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,10 +15,11 @@ import (
 	"github.com/authlimit/authlimit/scripts"
 )
 
-// runCluster sends a batch as one decide.lua call per slot, pipelined to
-// the nodes that serve them, settles requests that span slots (refunding
-// the slots that admitted a request another slot denied), and completes the
-// calls.
+// runCluster sends a batch as one decide.lua call per slot, one pipeline
+// per primary, all at once: a primary that fails or stalls holds up, and
+// fails, only its own slots' requests. It settles requests that span slots
+// (refunding the slots that admitted a request another slot did not) and
+// completes the calls.
 func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 	groups := map[uint16][]*part{}
 	var order []uint16
@@ -30,33 +32,31 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 			groups[p.slot] = append(groups[p.slot], p)
 		}
 	}
-	blobs := make([][]byte, len(order))
-	keys := make([][]string, len(order))
-	for i, s := range order {
+	byNode := map[int][]*slotCall{}
+	for _, s := range order {
 		w.parts = groups[s]
-		blobs[i] = r.appendBatch(nil, w, 1)
+		sc := &slotCall{parts: groups[s], blob: r.appendBatch(nil, w, 1), shard: r.shardOf(s)}
 		for _, p := range groups[s] {
-			keys[i] = append(keys[i], p.keys...)
+			sc.keys = append(sc.keys, p.keys...)
+			p.shard = sc.shard
 		}
+		byNode[sc.shard] = append(byNode[sc.shard], sc)
 	}
-	cmds := r.pipelineEval(ctx, r.decideSHA, scripts.Decide, keys, blobs)
-	for i, s := range order {
-		v, err := cmds[i].Int64Slice()
-		if err == nil {
-			err = r.parseReply(v, groups[s], true)
-		}
-		if err != nil {
-			err = classify(err)
-			for _, p := range groups[s] {
-				p.c.err = err
-			}
-		}
+	var wg sync.WaitGroup
+	for _, calls := range byNode {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.runNode(ctx, calls)
+		}()
 	}
+	wg.Wait()
+
 	var lost []refund
 	for _, c := range live {
-		c.admitted = c.err == nil
+		c.err, c.admitted = callError(c), true
 		for i := range c.parts {
-			c.admitted = c.admitted && c.parts[i].admitted
+			c.admitted = c.admitted && c.parts[i].err == nil && c.parts[i].admitted
 		}
 		if !c.admitted {
 			lost = r.undo(c, lost)
@@ -80,6 +80,141 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 	}
 }
 
+// slotCall is one decide.lua call: the parts of one slot.
+type slotCall struct {
+	parts []*part
+	blob  []byte
+	keys  []string
+	shard int
+}
+
+// notExecuted reports whether Redis refused a call before running it, for
+// a moment: a slot's keys split by a migration (TRYAGAIN), a cluster or a
+// primary down, a server loading or read-only. Such a call can be sent
+// again, and if it never runs, nothing was decided.
+func notExecuted(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, p := range []string{"TRYAGAIN", "CLUSTERDOWN", "LOADING", "MASTERDOWN", "READONLY"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// runNode sends one primary's calls in one pipeline and reads the replies
+// into their parts. A call refused before it ran is sent again, each of its
+// requests on its own (so that one request's keys moving does not hold up
+// another's), after a short pause, while the deadline allows.
+func (r *Redis) runNode(ctx context.Context, calls []*slotCall) {
+	keys, blobs := make([][]string, len(calls)), make([][]byte, len(calls))
+	for i, sc := range calls {
+		keys[i], blobs[i] = sc.keys, sc.blob
+	}
+	cmds := r.pipelineEval(ctx, r.decideSHA, scripts.Decide, keys, blobs)
+	var again []*slotCall
+	for i, sc := range calls {
+		err := cmds[i].Err()
+		if notExecuted(err) {
+			again = append(again, r.split(sc)...)
+			continue
+		}
+		r.settle(sc, cmds[i], err)
+	}
+	for pause := time.Millisecond; len(again) > 0; pause *= 2 {
+		if d, ok := ctx.Deadline(); ok && time.Until(d) < 2*pause {
+			for _, sc := range again {
+				r.settle(sc, nil, fmt.Errorf("redis decide: %w: refused until the deadline", ErrUnreachable))
+			}
+			return
+		}
+		time.Sleep(pause)
+		keys, blobs = keys[:0], blobs[:0]
+		for _, sc := range again {
+			keys, blobs = append(keys, sc.keys), append(blobs, sc.blob)
+		}
+		cmds = r.pipelineEval(ctx, r.decideSHA, scripts.Decide, keys, blobs)
+		next := again[:0]
+		for i, sc := range again {
+			if err := cmds[i].Err(); notExecuted(err) {
+				next = append(next, sc)
+			} else {
+				r.settle(sc, cmds[i], err)
+			}
+		}
+		again = next
+	}
+}
+
+// split makes one call per part of sc.
+func (r *Redis) split(sc *slotCall) []*slotCall {
+	if len(sc.parts) == 1 {
+		return []*slotCall{sc}
+	}
+	out := make([]*slotCall, len(sc.parts))
+	for i, p := range sc.parts {
+		w := worker{parts: []*part{p}}
+		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, 1), keys: p.keys, shard: sc.shard}
+	}
+	return out
+}
+
+// settle reads a call's reply, or its error, into its parts.
+func (r *Redis) settle(sc *slotCall, cmd *redis.Cmd, err error) {
+	if err == nil {
+		var v []int64
+		if v, err = cmd.Int64Slice(); err == nil {
+			err = r.parseReply(v, sc.parts, true)
+		}
+	}
+	if err != nil {
+		if notExecuted(err) {
+			err = fmt.Errorf("redis decide: %w: %w", ErrUnreachable, err)
+		} else {
+			err = classify(err)
+		}
+		for _, p := range sc.parts {
+			p.err = err
+		}
+	}
+}
+
+// callError is a call's error from its parts': none if every part was
+// decided; else, with the shards that failed, the most doubtful: a call
+// that may have run (a timeout, an error) over one that surely did not
+// (unreachable).
+func callError(c *call) error {
+	var worst error
+	var shards []int
+	for i := range c.parts {
+		p := &c.parts[i]
+		if p.err == nil {
+			continue
+		}
+		shards = append(shards, p.shard)
+		if worst == nil || errors.Is(worst, ErrUnreachable) && !errors.Is(p.err, ErrUnreachable) {
+			worst = p.err
+		}
+	}
+	if worst == nil {
+		return nil
+	}
+	return &ShardError{Shards: shards, Err: worst}
+}
+
+// ShardError is the error of a decision that failed on some shards (Redis
+// Cluster primaries, see Shards) only: a guard counts the failure against
+// those, not against the shards that answered.
+type ShardError struct {
+	Shards []int
+	Err    error
+}
+
+func (e *ShardError) Error() string { return e.Err.Error() }
+func (e *ShardError) Unwrap() error { return e.Err }
+
 // undo collects the refunds of a request that is not admitted but that
 // some of its slots admitted, and shows those slots' rules as unconsumed.
 func (r *Redis) undo(c *call, rs []refund) []refund {
@@ -94,7 +229,7 @@ func (r *Redis) undo(c *call, rs []refund) []refund {
 				continue // a shadow rule that denied consumed nothing
 			}
 			cost := p.costs[j]
-			rs = append(rs, refund{id: id, cost: cost, key: p.keys[j], token: p.tokens[j], slot: p.slot})
+			rs = append(rs, refund{id: id, cost: cost, key: p.keys[j], token: p.tokens[j], request: c.id, slot: p.slot})
 			res.Remaining = min(res.Remaining+cost, res.Limit)
 			res.Delay = 0
 		}
@@ -130,11 +265,12 @@ func (r *Redis) pipelineEval(ctx context.Context, sha, src string, keys [][]stri
 
 // refund is one rule's consumption to take back.
 type refund struct {
-	id    uint16
-	cost  int64
-	key   string
-	token float64
-	slot  uint16
+	id      uint16 // the policy's
+	cost    int64
+	key     string
+	token   float64
+	request float64 // the request's id
+	slot    uint16
 }
 
 // errNotApplied says a refund found its state rewritten since.
@@ -243,6 +379,7 @@ func (r *Redis) appendRefunds(rs []refund) ([]byte, []string) {
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(f.key)))
 		b = append(b, f.key...)
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f.token))
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f.request))
 		keys = append(keys, f.key)
 	}
 	return b, keys
@@ -323,9 +460,10 @@ func (r *Redis) shardOf(s uint16) int {
 	return n
 }
 
-// Probe reports whether a shard (see Shards) answers again, and if it does,
-// loads the scripts into it. In a cluster, a failed probe also has the
-// client reload the cluster's layout, so that routing learns of a failover.
+// Probe reports whether a shard (see Shards) can decide again: without a
+// cluster, Warm; in a cluster, the shard's primary loads the scripts, and a
+// failed probe has the client reload the cluster's layout, so that routing
+// learns of a failover.
 func (r *Redis) Probe(ctx context.Context, shard int) error {
 	if r.cluster == nil {
 		return r.Warm(ctx)

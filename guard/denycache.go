@@ -12,7 +12,10 @@ import (
 // denyCache remembers, per policy and key, a denial and how long it holds: a
 // request of at least the same cost cannot pass before its retry-after, so
 // until then it is denied here without asking the store. This keeps a flood
-// from one client off Redis. It is bounded and sharded.
+// from one client off Redis. An entry is kept at most maxHold, so that the
+// store is asked again now and then (its state may have been lost, or reset
+// by an operator), and the cache is emptied whenever a circuit closes. It is
+// bounded and sharded.
 type denyCache struct {
 	seed     maphash.Seed
 	shards   [16]denyShard
@@ -25,11 +28,16 @@ type denyShard struct {
 }
 
 type denial struct {
-	at    time.Time
-	until time.Time
-	cost  int64
-	res   algo.Result
+	at      time.Time
+	until   time.Time // the denial's retry-after
+	forgets time.Time // when the cache stops answering it
+	cost    int64
+	res     algo.Result
 }
+
+// maxHold is the longest the cache answers one denial: a flooding client's
+// key reaches the store about once a second.
+const maxHold = time.Second
 
 func newDenyCache(size int) *denyCache {
 	c := &denyCache{seed: maphash.MakeSeed(), perShard: max(size/16, 1)}
@@ -59,7 +67,7 @@ func (c *denyCache) get(id uint32, tag []byte, cost int64, now time.Time) (algo.
 	sh, b := c.key(&k, id, tag)
 	sh.mu.Lock()
 	d, ok := sh.m[string(b)]
-	if ok && !now.Before(d.until) {
+	if ok && !now.Before(d.forgets) {
 		delete(sh.m, string(b))
 		ok = false
 	}
@@ -85,7 +93,7 @@ func (c *denyCache) put(id uint32, tag []byte, cost int64, res algo.Result, now 
 	defer sh.mu.Unlock()
 	if d, ok := sh.m[string(b)]; ok {
 		// Refresh in place: the map keeps its key, nothing allocates.
-		d.at, d.until, d.cost, d.res = now, now.Add(res.RetryAfter), cost, res
+		d.at, d.until, d.forgets, d.cost, d.res = now, now.Add(res.RetryAfter), now.Add(min(res.RetryAfter, maxHold)), cost, res
 		sh.m[string(b)] = d
 		return
 	}
@@ -95,7 +103,7 @@ func (c *denyCache) put(id uint32, tag []byte, cost int64, res algo.Result, now 
 		var last string
 		n := 0
 		for k, d := range sh.m {
-			if !now.Before(d.until) {
+			if !now.Before(d.forgets) {
 				delete(sh.m, k)
 			}
 			last = k
@@ -107,5 +115,15 @@ func (c *denyCache) put(id uint32, tag []byte, cost int64, res algo.Result, now 
 			delete(sh.m, last)
 		}
 	}
-	sh.m[string(b)] = denial{at: now, until: now.Add(res.RetryAfter), cost: cost, res: res}
+	sh.m[string(b)] = denial{at: now, until: now.Add(res.RetryAfter), forgets: now.Add(min(res.RetryAfter, maxHold)), cost: cost, res: res}
+}
+
+// clear forgets every denial.
+func (c *denyCache) clear() {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		clear(sh.m)
+		sh.mu.Unlock()
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -271,6 +272,19 @@ func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 		return false, err
 	}
 	g.log.Debug("store failed", "err", err)
+	// A decision that failed on some shards only counts against those.
+	var se *algo.ShardError
+	if errors.As(err, &se) {
+		var okBuf [8]int
+		ok := okBuf[:0]
+		for _, s := range shards {
+			if !slices.Contains(se.Shards, s) {
+				ok = append(ok, s)
+			}
+		}
+		g.breakers.success(ok)
+		shards = se.Shards
+	}
 	switch {
 	case errors.Is(err, algo.ErrUnreachable):
 		// Nothing was sent, so nothing was decided or consumed, and no
@@ -399,9 +413,14 @@ func (g *Guard) remember(reqs []algo.Request, res []algo.Result, now time.Time) 
 	}
 }
 
-// circuitChanged reports a shard's circuit change.
+// circuitChanged reports a shard's circuit change. A store that comes back
+// may have lost its state (a restart, a failover): the deny cache forgets
+// what it remembered of it.
 func (g *Guard) circuitChanged(shard int, from, to state) {
 	g.metrics.circuitChanges[to].Inc()
+	if to == stateClosed && g.denies != nil {
+		g.denies.clear()
+	}
 	level := slog.LevelWarn
 	if to == stateClosed {
 		level = slog.LevelInfo

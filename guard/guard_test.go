@@ -47,14 +47,16 @@ func (f *flaky) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 	f.mu.Lock()
 	f.calls++
 	var err error
+	var failed []int
 	for i := range reqs {
 		if e := f.broken[f.shard(&reqs[i])]; e != nil {
 			err = e
+			failed = append(failed, f.shard(&reqs[i]))
 		}
 	}
 	f.mu.Unlock()
 	if err != nil {
-		return false, err
+		return false, &algo.ShardError{Shards: failed, Err: err}
 	}
 	return f.mem.Decide(ctx, reqs, res)
 }
@@ -372,5 +374,23 @@ func TestDenyCacheKeepsFloodsOffTheStore(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(f.g.metrics.denyCacheHits); got != 19 {
 		t.Errorf("deny cache hits %v, want 19", got)
+	}
+}
+
+// TestShardErrorsTripOnlyTheirShards: a request spanning two shards that
+// fails on one opens only that one's circuit.
+func TestShardErrorsTripOnlyTheirShards(t *testing.T) {
+	f := newFixture(t, FailClosed)
+	f.store.breakShard(1, errDown)
+	p2, _ := algo.NewPolicy(algo.Spec{Name: "q", Algorithm: algo.FixedWindow, Limit: 10, Window: time.Hour})
+	var res [2]algo.Result
+	if _, err := f.g.Decide(context.Background(), []algo.Request{{Policy: f.p, Key: []byte("b")}, {Policy: p2, Key: []byte("a")}}, res[:]); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a request failing on one of its shards = %v, want the fail mode (closed)", err)
+	}
+	if _, ok, err := f.decide(t, "b"); err != nil || !ok {
+		t.Errorf("the shard that answered: %v, %v; want its circuit still closed", ok, err)
+	}
+	if open, known := f.g.breakers.openShards(); open != 1 || known != 2 {
+		t.Errorf("%d of %d circuits open, want 1 of 2", open, known)
 	}
 }

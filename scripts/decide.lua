@@ -21,13 +21,16 @@
 --            5 leaky_bucket, 6 gcra), [d] limit, [d] window (µs),
 --            [d] burst, [d] delay (µs), [d] max cost (the largest cost the
 --            policy ever admits)
---   requests per request: [B] the number of rules, then per rule: [H] the
+--   requests per request: [B] the number of rules, [d] the request's id
+--            (unique to the caller, below 2^52), then per rule: [H] the
 --            policy id, [B] shadow (1: its denial does not deny),
 --            [d] cost, [H] key length and the key
 -- Reply: an array of integers: per request, admitted (1 or 0), then per
 --   rule allowed (1 or 0), reason (0 none, 1 limited, 2 cost too high),
 --   remaining, reset after (µs), retry after (µs), delay (µs), and with
---   flag 1 a refund token for refund.lua. An admitted request's allowing
+--   flag 1 a refund token for refund.lua: the window index written
+--   (fixed_window, sliding_window_counter), the entry's time
+--   (sliding_window_log), 0 for the others. An admitted request's allowing
 --   rules answer with their counts after consuming; otherwise every rule
 --   answers with the counts that stand.
 --
@@ -41,8 +44,9 @@
 --   sliding_window_log      sorted set: per admission, scored by its time, a
 --                           member that is the running total of costs up to
 --                           and including it (14 hex digits, so that members
---                           of one time sort in order), and a first member
---                           "00000000000000" scored -inf. The entry at or
+--                           of one time sort in order), ':' and the
+--                           request's id in hex (so a refund finds it), and
+--                           a first member "00000000000000" scored -inf. The entry at or
 --                           before the window's edge with the greatest time
 --                           is always kept, so the window holds the newest
 --                           total minus that entry's total, found in
@@ -85,10 +89,10 @@ for _ = 1, npol do
   P[b], P[b + 1], P[b + 2], P[b + 3], P[b + 4], P[b + 5] = a, L, W, B, D, M
 end
 
--- R holds one request's rules, 16 values each from R[16 * i]: what the rule
+-- R holds one request's rules, 17 values each from R[17 * i]: what the rule
 -- answers, and what it writes if the request is admitted.
-local KEY, ALG, COST, CAP, OK, HREM, HRESET, HRETRY, TREM, TRESET, TDELAY, WVAL, WTTL, TOKEN, LAT, LRANK =
-  0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
+local KEY, ALG, COST, CAP, OK, HREM, HRESET, HRETRY, TREM, TRESET, TDELAY, WVAL, WTTL, TOKEN, LAT, LRANK, LTOTAL =
+  0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
 local R = {}
 
 -- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
@@ -118,13 +122,13 @@ end
 
 local reply, r = {}, 0
 for _ = 1, nreq do
-  local nrules
-  nrules, pos = sunpack('<B', blob, pos)
+  local nrules, rid
+  nrules, rid, pos = sunpack('<Bd', blob, pos)
   local all = 1
   -- Phase one: every rule decides without writing. A key expires (ttl, in
   -- ms) when its state no longer matters; a pinned clock adds slack.
   for i = 1, nrules do
-    local b = 16 * i
+    local b = 17 * i
     local id, sh, c, k
     id, sh, c, k, pos = sunpack('<HBdHc0', blob, pos)
     local p = 8 * id
@@ -212,13 +216,13 @@ for _ = 1, nreq do
         R[b + WVAL] = 'replace' -- a key of another type
       elseif #newest > 0 then
         R[b + WVAL] = 'append'
-        total = tonumber(newest[1], 16)
+        total = tonumber(sub(newest[1], 1, 14), 16)
         local ts = tonumber(newest[2])
         at = max(now, ts)
         -- The entry at or before the edge with the greatest time: the
         -- window holds what came after it.
         local edge = call('ZRANGE', k, now - W, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
-        before = tonumber(edge[1], 16)
+        before = tonumber(sub(edge[1], 1, 14), 16)
         rank = call('ZRANK', k, edge[1])
         card = call('ZCARD', k)
         if total - before > 0 then
@@ -236,7 +240,7 @@ for _ = 1, nreq do
         local lo, hi = rank + 1, card - 1
         while lo < hi do
           local mid = floor((lo + hi) / 2)
-          if tonumber(call('ZRANGE', k, mid, mid)[1], 16) >= want then
+          if tonumber(sub(call('ZRANGE', k, mid, mid)[1], 1, 14), 16) >= want then
             hi = mid
           else
             lo = mid + 1
@@ -245,7 +249,8 @@ for _ = 1, nreq do
         R[b + HRETRY] = tonumber(call('ZRANGE', k, lo, lo, 'WITHSCORES')[2]) + W - now
       else
         R[b + OK], R[b + TREM], R[b + TRESET] = 1, L - n - c, at + W - now
-        R[b + LAT], R[b + LRANK], R[b + WTTL], R[b + TOKEN] = at, rank, max(ceil((at + W - now) / 1000), 1) + slack, total + c
+        R[b + LAT], R[b + LRANK], R[b + WTTL], R[b + TOKEN] = at, rank, max(ceil((at + W - now) / 1000), 1) + slack, at
+        R[b + LTOTAL] = total + c
       end
     else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
       local t, x
@@ -325,7 +330,7 @@ for _ = 1, nreq do
   r = r + 1
   reply[r] = all
   for i = 1, nrules do
-    local b = 16 * i
+    local b = 17 * i
     local ok, reason, rem, reset, retry, delay = R[b + OK], 0, R[b + HREM], R[b + HRESET], R[b + HRETRY], 0
     if R[b + COST] > R[b + CAP] then
       reason, retry = 2, 0
@@ -337,7 +342,7 @@ for _ = 1, nreq do
         call('SET', k, R[b + WVAL], 'PX', R[b + WTTL])
       else
         -- Record the admission in the log.
-        local total, rank = R[b + TOKEN], R[b + LRANK]
+        local total, rank = R[b + LTOTAL], R[b + LRANK]
         if R[b + WVAL] == 'replace' then
           call('DEL', k)
         end
@@ -347,16 +352,15 @@ for _ = 1, nreq do
           -- Restart the totals from the kept edge entry: rewrite the
           -- window.
           local kept = call('ZRANGE', k, rank, -1, 'WITHSCORES')
-          local base = tonumber(kept[1], 16)
+          local base = tonumber(sub(kept[1], 1, 14), 16)
           call('DEL', k)
           call('ZADD', k, '-inf', '00000000000000')
           for j = 3, #kept, 2 do
-            call('ZADD', k, kept[j + 1], format('%014x', tonumber(kept[j], 16) - base))
+            call('ZADD', k, kept[j + 1], format('%014x', tonumber(sub(kept[j], 1, 14), 16) - base) .. sub(kept[j], 15))
           end
           total, rank = total - base, 0
-          R[b + TOKEN] = total
         end
-        call('ZADD', k, R[b + LAT], format('%014x', total))
+        call('ZADD', k, R[b + LAT], format('%014x:%x', total, rid))
         call('PEXPIRE', k, R[b + WTTL])
         if rank > 0 then
           call('ZREMRANGEBYRANK', k, 0, min(rank, SWEEP) - 1)

@@ -14,7 +14,8 @@
 --            policies
 --   policies as in decide.lua
 --   rules    per rule: [H] policy id, [d] cost, [H] key length and the key,
---            [d] the refund token decide.lua returned for it
+--            [d] the refund token decide.lua returned for it, [d] the
+--            request's id
 -- Reply: the number of rules whose consumption no longer counts: refunded,
 -- or already out of the window. A rule that still counts (a log rewritten
 -- since) is missing from the count, for the caller to report.
@@ -67,8 +68,8 @@ end
 
 local settled = 0
 for _ = 1, nrules do
-  local id, cost, k, tok
-  id, cost, k, tok, pos = sunpack('<HdHc0d', blob, pos)
+  local id, cost, k, tok, rid
+  id, cost, k, tok, rid, pos = sunpack('<HdHc0dd', blob, pos)
   local a = PA[id]
   if a == 1 then -- fixed_window: the window decide.lua wrote, if still stored
     local w, n = hexes(redis.pcall('GET', k))
@@ -95,23 +96,34 @@ for _ = 1, nrules do
       call('SET', k, spack('<dd', t, x), 'KEEPTTL')
     end
     settled = settled + 1
-  elseif a == 2 then -- sliding_window_log: remove the entry, shift the later ones
-    local member = format('%014x', tok)
-    local ok, score = pcall(call, 'ZSCORE', k, member)
-    if not ok or not score then
-      -- Gone with its key, or the log was rewritten since.
+  elseif a == 2 then -- sliding_window_log: remove the request's entry, shift the later ones
+    -- The entry is found by its time and the request's id: other refunds
+    -- may have renumbered its total since.
+    local suffix = format(':%x', rid)
+    local ok, at = pcall(call, 'ZRANGE', k, tok, tok, 'BYSCORE')
+    local member
+    if ok then
+      for _, m in ipairs(at) do
+        if sub(m, 15) == suffix then
+          member = m
+        end
+      end
+    end
+    if not member then
+      -- Gone with its key (expired: nothing counts), or not there.
       if ok and call('EXISTS', k) == 0 then
         settled = settled + 1
       end
-    elseif tonumber(score) <= now - PW[id] then
+    elseif tok <= now - PW[id] then
       settled = settled + 1 -- already out of the window
     else
       local rank = call('ZRANK', k, member)
       call('ZREM', k, member)
-      local later = call('ZRANGE', k, rank, -1, 'WITHSCORES')
-      for j = 1, #later, 2 do
-        call('ZREM', k, later[j])
-        call('ZADD', k, later[j + 1], format('%014x', tonumber(later[j], 16) - cost))
+      local later = call('ZRANGE', k, rank, -1)
+      for _, m in ipairs(later) do
+        local score = call('ZSCORE', k, m)
+        call('ZREM', k, m)
+        call('ZADD', k, score, format('%014x', tonumber(sub(m, 1, 14), 16) - cost) .. sub(m, 15))
       end
       settled = settled + 1
     end

@@ -60,8 +60,8 @@ type config struct {
 	URLHeader             string        `env:"URL_HEADER"`
 	DenyCacheSize         int           `env:"DENY_CACHE_SIZE" envDefault:"100000"`
 	BreakerFailures       int           `env:"BREAKER_FAILURES" envDefault:"5"`
-	BreakerBackoff        time.Duration `env:"BREAKER_BACKOFF" envDefault:"250ms"`
-	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"1s"`
+	BreakerBackoff        time.Duration `env:"BREAKER_BACKOFF" envDefault:"100ms"`
+	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"500ms"`
 	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS" envDefault:"1048576"` // algo.DefaultMemoryMaxKeys
 	MaxHeaderBytes        int           `env:"MAX_HEADER_BYTES" envDefault:"32768"`
 	ShutdownTimeout       time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`

@@ -215,6 +215,9 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 			a.close()
 			return nil, usageError{fmt.Errorf("redis refuses authlimit (%s): %s", s.redisDisplay, msg)}
 		}
+		if strings.HasPrefix(s.RedisURL, "redis://") && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+			msg += " (a server that expects TLS closes plain connections: is the URL rediss://?)"
+		}
 		log.Warn("redis not ready at start; deciding with the fail mode until it answers", "err", msg, "fail_mode", s.failMode.String())
 	}
 	h, err := handler.New(handler.Options{
@@ -269,7 +272,7 @@ func refused(err error) bool {
 		return true
 	}
 	msg := err.Error()
-	for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "invalid password", "invalid username-password", "tls: "} {
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "can't access", "invalid password", "invalid username-password", "tls: "} {
 		if strings.Contains(msg, p) {
 			return true
 		}
