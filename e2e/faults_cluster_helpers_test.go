@@ -56,7 +56,7 @@ const (
 )
 
 // answer is one answer authlimit gave a test client.
-type answer struct {
+type clusterAnswer struct {
 	sent    time.Time
 	took    time.Duration
 	status  int
@@ -65,9 +65,9 @@ type answer struct {
 	err     error  // a transport error
 }
 
-func (a answer) admitted() bool { return a.err == nil && a.status == http.StatusOK }
+func (a clusterAnswer) admitted() bool { return a.err == nil && a.status == http.StatusOK }
 
-func (a answer) String() string {
+func (a clusterAnswer) String() string {
 	if a.err != nil {
 		return fmt.Sprintf("error after %v: %v", a.took.Round(time.Millisecond), a.err)
 	}
@@ -80,7 +80,7 @@ type limits struct {
 	redis, local []int64
 }
 
-func (l limits) of(a answer) source {
+func (l limits) of(a clusterAnswer) source {
 	switch {
 	case a.err != nil:
 		return otherAnswer
@@ -125,14 +125,14 @@ func newAsker(a *authlimit) *asker {
 }
 
 // ask asks for a decision for the client ip on path.
-func (k *asker) ask(ip, path string) answer {
+func (k *asker) ask(ip, path string) clusterAnswer {
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, k.url, nil)
 	if err != nil {
-		return answer{sent: time.Now(), err: err}
+		return clusterAnswer{sent: time.Now(), err: err}
 	}
 	req.Header.Set("X-Forwarded-For", ip)
 	req.Header.Set("X-Forwarded-Uri", path)
-	a := answer{sent: time.Now()}
+	a := clusterAnswer{sent: time.Now()}
 	resp, err := k.http.Do(req)
 	if err != nil {
 		a.took, a.err = time.Since(a.sent), err
@@ -161,13 +161,13 @@ func (c loadClient) String() string { return c.ip + c.path }
 type load struct {
 	k    *asker
 	mu   sync.Mutex
-	got  map[loadClient][]answer
+	got  map[loadClient][]clusterAnswer
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
 
 func newLoad(k *asker) *load {
-	return &load{k: k, got: map[loadClient][]answer{}, stop: make(chan struct{})}
+	return &load{k: k, got: map[loadClient][]clusterAnswer{}, stop: make(chan struct{})}
 }
 
 // start makes each client ask every interval until stopped (a pace, not a
@@ -205,10 +205,10 @@ func (l *load) halt() {
 }
 
 // answers returns a copy of what c got so far.
-func (l *load) answers(c loadClient) []answer {
+func (l *load) answers(c loadClient) []clusterAnswer {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]answer(nil), l.got[c]...)
+	return append([]clusterAnswer(nil), l.got[c]...)
 }
 
 // count returns how many answers c got.
@@ -249,17 +249,17 @@ func waitUntil(t *testing.T, timeout time.Duration, check func() error) {
 }
 
 // tally counts answers by what decided them, and the admissions of each.
-type tally struct {
+type clusterTally struct {
 	answers, admitted map[source]int
 	worst             time.Duration
 	others            []string // the first few surprises
 }
 
-func newTally() *tally {
-	return &tally{answers: map[source]int{}, admitted: map[source]int{}}
+func newTally() *clusterTally {
+	return &clusterTally{answers: map[source]int{}, admitted: map[source]int{}}
 }
 
-func (ty *tally) add(l limits, c loadClient, as ...answer) {
+func (ty *clusterTally) add(l limits, c loadClient, as ...clusterAnswer) {
 	for _, a := range as {
 		s := l.of(a)
 		ty.answers[s]++
@@ -273,7 +273,7 @@ func (ty *tally) add(l limits, c loadClient, as ...answer) {
 	}
 }
 
-func (ty *tally) total() int {
+func (ty *clusterTally) total() int {
 	n := 0
 	for _, v := range ty.answers {
 		n += v
@@ -431,11 +431,6 @@ func recordRow(t *testing.T, row *faultlog.Row) {
 	faults.Record(t, *row)
 }
 
-// ms formats d in milliseconds for the fault table's prose.
-func ms(d time.Duration) string {
-	return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 0, 64) + "ms"
-}
-
 // logEntries returns the times of a sliding_window_log rule's entries in
 // Redis for one key tag (scores are µs since 2020-01-01 UTC), to find
 // consumptions that match no admission.
@@ -474,7 +469,7 @@ func logEntries(t *testing.T, cc *redis.ClusterClient, prefix, rule, tag string)
 // admitted answer (in time order) takes the first entry between its
 // sending and its arrival (with a millisecond of slack for the clocks'
 // rounding).
-func unaccounted(entries []time.Time, admitted []answer) []time.Time {
+func unaccounted(entries []time.Time, admitted []clusterAnswer) []time.Time {
 	used := make([]bool, len(entries))
 	for _, a := range admitted {
 		for i, e := range entries {

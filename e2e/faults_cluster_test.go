@@ -717,7 +717,7 @@ func multiRuleFailover(t *testing.T) {
 	strays := map[string]int{}
 	var strayNotes []string
 	for _, c := range clients {
-		var admitted []answer
+		var admitted []clusterAnswer
 		as := ld.answers(c)
 		for _, a := range as {
 			if a.admitted() && lim.of(a) == byRedis {
