@@ -163,8 +163,8 @@ func digest(src string) string {
 }
 
 // Warm makes the store ready to decide without delay: it loads the scripts
-// into Redis (every primary, for a cluster) and opens Conns connections (to
-// every primary), so that the first burst of requests neither dials nor
+// into Redis (every primary, for a cluster) and opens every connection the
+// client's pool may hold (to every primary), so that the first burst of requests neither dials nor
 // falls back from EVALSHA to EVAL; then it makes one decision that reads a
 // key under the prefix and writes nothing, within the budget, to learn
 // whether decisions can be made: a replica, a user denied the prefix, or a
@@ -176,15 +176,19 @@ func (r *Redis) Warm(ctx context.Context) error {
 				return fmt.Errorf("load script: %w", err)
 			}
 		}
-		// Hold Conns connections at once, each pinged, so the pool has
-		// dialed them all; then give them back to it, idle.
-		held := make([]*redis.Conn, 0, r.conns)
+		// Hold every connection the pool may open, each pinged, so the
+		// pool has dialed them all; then give them back to it, idle. A
+		// full pool never dials again, not even to keep its minimum of
+		// idle connections while a burst has them all out, unless one
+		// breaks.
+		n := c.Options().PoolSize
+		held := make([]*redis.Conn, 0, n)
 		defer func() {
 			for _, cn := range held {
 				_ = cn.Close()
 			}
 		}()
-		for i := 0; i < r.conns; i++ {
+		for i := 0; i < n; i++ {
 			cn := c.Conn()
 			held = append(held, cn)
 			if err := cn.Ping(ctx).Err(); err != nil {
@@ -224,10 +228,10 @@ func (r *Redis) probeDecision(ctx context.Context) error {
 	}
 	w := &worker{parts: []*part{&c.parts[0]}}
 	if r.cluster != nil {
-		w.blob = r.appendBatch(nil, w, 1)
-		cmd := r.pipelineEval(ctx, r.decideSHA, scripts.Decide, [][]string{c.parts[0].keys}, [][]byte{w.blob})[0]
-		if err := cmd.Err(); err != nil {
-			return fmt.Errorf("probe decision: %w", err)
+		sc := &slotCall{blob: r.appendBatch(nil, w, 1), keys: c.parts[0].keys, slot: c.parts[0].slot}
+		r.evalSlots(ctx, r.decideSHA, scripts.Decide, []*slotCall{sc}, nil, func(*slotCall) {})
+		if sc.err != nil {
+			return fmt.Errorf("probe decision: %w", sc.err)
 		}
 		return nil
 	}

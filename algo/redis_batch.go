@@ -31,9 +31,10 @@ type call struct {
 	err      error
 	deadline time.Time
 
-	state atomic.Int32 // callQueued, callSent, callDone or callAbandoned
-	done  chan struct{}
-	timer *time.Timer
+	state   atomic.Int32 // callQueued, callSent, callDone or callAbandoned
+	pending atomic.Int32 // parts not yet answered (cluster)
+	done    chan struct{}
+	timer   *time.Timer
 }
 
 // The states of a call.

@@ -16,14 +16,16 @@ import (
 )
 
 // runCluster sends a batch as one decide.lua call per slot, one pipeline
-// per primary, all at once: a primary that fails or stalls holds up, and
-// fails, only its own slots' requests. It settles requests that span slots
-// (refunding the slots that admitted a request another slot did not) and
-// completes the calls.
+// per primary, all at once. A call completes as soon as the primaries
+// holding its slots have answered: a primary that fails or stalls holds
+// up, and fails, only the requests with keys on it. A request that spans
+// slots is settled when all of them have answered (refunding the slots
+// that admitted it if another did not).
 func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 	groups := map[uint16][]*part{}
 	var order []uint16
 	for _, c := range live {
+		c.pending.Store(int32(len(c.parts)))
 		for i := range c.parts {
 			p := &c.parts[i]
 			if _, ok := groups[p.slot]; !ok {
@@ -35,7 +37,7 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 	byNode := map[int][]*slotCall{}
 	for _, s := range order {
 		w.parts = groups[s]
-		sc := &slotCall{parts: groups[s], blob: r.appendBatch(nil, w, 1), shard: r.shardOf(s)}
+		sc := &slotCall{parts: groups[s], blob: r.appendBatch(nil, w, 1), slot: s, shard: r.shardOf(s)}
 		for _, p := range groups[s] {
 			sc.keys = append(sc.keys, p.keys...)
 			p.shard = sc.shard
@@ -47,29 +49,36 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.runNode(ctx, calls)
+			r.evalSlots(ctx, r.decideSHA, scripts.Decide, calls, r.split, func(sc *slotCall) {
+				r.settle(sc)
+				for _, p := range sc.parts {
+					if p.c.pending.Add(-1) == 0 {
+						r.settleCall(p.c) // p.c may be reused from here on
+					}
+				}
+			})
 		}()
 	}
 	wg.Wait()
+}
 
-	var lost []refund
-	for _, c := range live {
-		c.err, c.admitted = callError(c), true
-		for i := range c.parts {
-			c.admitted = c.admitted && c.parts[i].err == nil && c.parts[i].admitted
-		}
-		if !c.admitted {
-			lost = r.undo(c, lost)
-		}
+// settleCall completes a call whose parts have all answered: admitted if
+// every part admitted it; if not, the parts that admitted it are refunded.
+func (r *Redis) settleCall(c *call) {
+	c.err, c.admitted = callError(c), true
+	for i := range c.parts {
+		c.admitted = c.admitted && c.parts[i].err == nil && c.parts[i].admitted
 	}
-	// The refunds are owed before any caller hears its answer, so that
+	var lost []refund
+	if !c.admitted {
+		lost = r.undo(c, nil)
+	}
+	// The refunds are owed before the caller hears its answer, so that
 	// whoever waits for them after an answer waits for these too.
 	if len(lost) > 0 {
 		r.owed.Add(1)
 	}
-	for _, c := range live {
-		r.complete(c, c.err)
-	}
+	r.complete(c, c.err) // c may be reused from here on
 	if len(lost) > 0 {
 		select {
 		case r.refunds <- lost:
@@ -78,14 +87,6 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 			r.owed.Done()
 		}
 	}
-}
-
-// slotCall is one decide.lua call: the parts of one slot.
-type slotCall struct {
-	parts []*part
-	blob  []byte
-	keys  []string
-	shard int
 }
 
 // notExecuted reports whether Redis refused a call before running it, for
@@ -104,50 +105,6 @@ func notExecuted(err error) bool {
 	return false
 }
 
-// runNode sends one primary's calls in one pipeline and reads the replies
-// into their parts. A call refused before it ran is sent again, each of its
-// requests on its own (so that one request's keys moving does not hold up
-// another's), after a short pause, while the deadline allows.
-func (r *Redis) runNode(ctx context.Context, calls []*slotCall) {
-	keys, blobs := make([][]string, len(calls)), make([][]byte, len(calls))
-	for i, sc := range calls {
-		keys[i], blobs[i] = sc.keys, sc.blob
-	}
-	cmds := r.pipelineEval(ctx, r.decideSHA, scripts.Decide, keys, blobs)
-	var again []*slotCall
-	for i, sc := range calls {
-		err := cmds[i].Err()
-		if notExecuted(err) {
-			again = append(again, r.split(sc)...)
-			continue
-		}
-		r.settle(sc, cmds[i], err)
-	}
-	for pause := time.Millisecond; len(again) > 0; pause *= 2 {
-		if d, ok := ctx.Deadline(); ok && time.Until(d) < 2*pause {
-			for _, sc := range again {
-				r.settle(sc, nil, fmt.Errorf("redis decide: %w: refused until the deadline", ErrUnreachable))
-			}
-			return
-		}
-		time.Sleep(pause)
-		keys, blobs = keys[:0], blobs[:0]
-		for _, sc := range again {
-			keys, blobs = append(keys, sc.keys), append(blobs, sc.blob)
-		}
-		cmds = r.pipelineEval(ctx, r.decideSHA, scripts.Decide, keys, blobs)
-		next := again[:0]
-		for i, sc := range again {
-			if err := cmds[i].Err(); notExecuted(err) {
-				next = append(next, sc)
-			} else {
-				r.settle(sc, cmds[i], err)
-			}
-		}
-		again = next
-	}
-}
-
 // split makes one call per part of sc.
 func (r *Redis) split(sc *slotCall) []*slotCall {
 	if len(sc.parts) == 1 {
@@ -156,16 +113,17 @@ func (r *Redis) split(sc *slotCall) []*slotCall {
 	out := make([]*slotCall, len(sc.parts))
 	for i, p := range sc.parts {
 		w := worker{parts: []*part{p}}
-		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, 1), keys: p.keys, shard: sc.shard}
+		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, 1), keys: p.keys, slot: sc.slot, shard: sc.shard}
 	}
 	return out
 }
 
-// settle reads a call's reply, or its error, into its parts.
-func (r *Redis) settle(sc *slotCall, cmd *redis.Cmd, err error) {
+// settle reads a settled call's reply, or its error, into its parts.
+func (r *Redis) settle(sc *slotCall) {
+	err := sc.err
 	if err == nil {
 		var v []int64
-		if v, err = cmd.Int64Slice(); err == nil {
+		if v, err = sc.cmd.Int64Slice(); err == nil {
 			err = r.parseReply(v, sc.parts, true)
 		}
 	}
@@ -237,32 +195,6 @@ func (r *Redis) undo(c *call, rs []refund) []refund {
 	return rs
 }
 
-// pipelineEval runs a script once per blob, with the blob's keys, in one
-// pipeline over the cluster, by digest and, where a node lost its script
-// cache, again by source.
-func (r *Redis) pipelineEval(ctx context.Context, sha, src string, keys [][]string, blobs [][]byte) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(blobs))
-	pipe := r.cluster.Pipeline()
-	for i := range blobs {
-		cmds[i] = pipe.EvalSha(ctx, sha, keys[i], blobs[i])
-	}
-	_, _ = pipe.Exec(ctx) // errors are per command
-	var again []int
-	for i, cmd := range cmds {
-		if isNoScript(cmd.Err()) {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		pipe = r.cluster.Pipeline()
-		for _, i := range again {
-			cmds[i] = pipe.Eval(ctx, src, keys[i], blobs[i])
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	return cmds
-}
-
 // refund is one rule's consumption to take back.
 type refund struct {
 	id      uint16 // the policy's
@@ -325,31 +257,32 @@ func (r *Redis) applyRefunds(rs []refund) {
 // failed, to retry.
 func (r *Redis) refundOnce(ctx context.Context, rs []refund) ([]refund, error) {
 	groups := map[uint16][]refund{}
-	var order []uint16
+	var calls []*slotCall
 	for _, f := range rs {
 		if _, ok := groups[f.slot]; !ok {
-			order = append(order, f.slot)
+			calls = append(calls, &slotCall{slot: f.slot})
 		}
 		groups[f.slot] = append(groups[f.slot], f)
 	}
-	blobs := make([][]byte, len(order))
-	keys := make([][]string, len(order))
-	for i, s := range order {
-		blobs[i], keys[i] = r.appendRefunds(groups[s])
+	for _, sc := range calls {
+		sc.blob, sc.keys = r.appendRefunds(groups[sc.slot])
 	}
-	cmds := r.pipelineEval(ctx, r.refundSHA, scripts.Refund, keys, blobs)
 	var failed []refund
 	var errs []error
-	for i, s := range order {
-		n, err := cmds[i].Int()
+	r.evalSlots(ctx, r.refundSHA, scripts.Refund, calls, nil, func(sc *slotCall) {
+		err := sc.err
+		n := 0
+		if err == nil {
+			n, err = sc.cmd.Int()
+		}
 		switch {
 		case err != nil:
-			failed = append(failed, groups[s]...)
+			failed = append(failed, groups[sc.slot]...)
 			errs = append(errs, err)
-		case n < len(groups[s]):
-			r.onLost(len(groups[s])-n, errNotApplied)
+		case n < len(groups[sc.slot]):
+			r.onLost(len(groups[sc.slot])-n, errNotApplied)
 		}
-	}
+	})
 	return failed, errors.Join(errs...)
 }
 
@@ -427,18 +360,7 @@ func newSlotKeys() *slotKeys {
 // shardOf returns the shard number of the primary serving the slot, or -1
 // if the client does not know one.
 func (r *Redis) shardOf(s uint16) int {
-	r.nodeMu.RLock()
-	keys := r.slotKeys
-	r.nodeMu.RUnlock()
-	if keys == nil {
-		r.nodeMu.Lock()
-		if r.slotKeys == nil {
-			r.slotKeys = newSlotKeys()
-		}
-		keys = r.slotKeys
-		r.nodeMu.Unlock()
-	}
-	c, err := r.cluster.MasterForKey(context.Background(), keys[s])
+	c, err := r.cluster.MasterForKey(context.Background(), r.slotKey(s))
 	if err != nil {
 		return -1
 	}

@@ -413,8 +413,8 @@ func logTotal(t *testing.T, cc *redis.ClusterClient, prefix, rule, tag string) i
 	if len(first) == 0 || len(last) == 0 {
 		return 0
 	}
-	lo, err1 := strconv.ParseInt(first[0], 16, 64)
-	hi, err2 := strconv.ParseInt(last[0], 16, 64)
+	lo, err1 := logMemberTotal(first[0])
+	hi, err2 := logMemberTotal(last[0])
 	if err1 != nil || err2 != nil {
 		t.Fatalf("%s: entries %q and %q are not hex totals", keys[0], first[0], last[0])
 	}

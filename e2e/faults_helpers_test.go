@@ -450,3 +450,14 @@ func clientIPs(base string, n int) []string {
 	}
 	return out
 }
+
+// logMemberTotal reads the running total of a sliding_window_log member in
+// Redis: 14 hex digits, then, for an admission, ':' and the request's id
+// (see scripts/decide.lua).
+func logMemberTotal(member string) (int64, error) {
+	total, _, _ := strings.Cut(member, ":")
+	if len(total) != 14 {
+		return 0, fmt.Errorf("log member %q does not start with 14 hex digits", member)
+	}
+	return strconv.ParseInt(total, 16, 64)
+}

@@ -467,7 +467,7 @@ func TestFaultRedisSlowLink(t *testing.T) {
 		if err != nil || len(last) != 1 {
 			t.Fatalf("the client's log in Redis: %v, %v", last, err)
 		}
-		n, err := strconv.ParseInt(last[0], 16, 64)
+		n, err := logMemberTotal(last[0])
 		if err != nil {
 			t.Fatalf("log member %q: %v", last[0], err)
 		}

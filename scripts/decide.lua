@@ -53,7 +53,8 @@
 --                           O(log n) however long the log.
 -- Every value is computed and checked before the first write, so a call
 -- never fails halfway; a key of the wrong type reads as no state and is
--- replaced. The script makes as little garbage as it can (one table of
+-- replaced; a key that cannot be read (an ACL that denies it) fails the
+-- call before anything is written. The script makes as little garbage as it can (one table of
 -- results, one reply), since Redis pays for Lua's garbage collection in
 -- every call.
 
@@ -101,6 +102,9 @@ local R = {}
 -- few helpers a denial needs are made only when one does.
 local function hexes(v)
   if type(v) ~= 'string' then
+    if type(v) == 'table' and v.err and not find(v.err, 'WRONGTYPE', 1, true) then
+      error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+    end
     return nil
   end
   local i = find(v, ':', 1, true)
@@ -213,6 +217,7 @@ for _ = 1, nreq do
       local at = now
       R[b + WVAL] = 'fresh'
       if type(newest) ~= 'table' or newest.err then
+        hexes(newest) -- raises if the key cannot be read
         R[b + WVAL] = 'replace' -- a key of another type
       elseif #newest > 0 then
         R[b + WVAL] = 'append'
@@ -257,6 +262,8 @@ for _ = 1, nreq do
       local v = pcall('GET', k)
       if type(v) == 'string' and #v == 16 then
         t, x = sunpack('<dd', v)
+      else
+        hexes(v) -- raises if the key cannot be read
       end
       -- A token bucket holds tokens refilling up to B; a leaky bucket a
       -- level draining to 0.

@@ -44,6 +44,16 @@ for _ = 1, npol do
   PA[id], PL[id], PW[id], PB[id] = a, L, W, B
 end
 
+-- readable fails the call if a key cannot be read (an ACL, say): the
+-- refund is then retried or reported, never counted as settled. A key of
+-- the wrong type reads as no state.
+local function readable(v)
+  if type(v) == 'table' and v.err and not find(v.err, 'WRONGTYPE', 1, true) then
+    error(v)
+  end
+  return v
+end
+
 local function hexes(v)
   if type(v) ~= 'string' then
     return nil
@@ -72,13 +82,13 @@ for _ = 1, nrules do
   id, cost, k, tok, rid, pos = sunpack('<HdHc0dd', blob, pos)
   local a = PA[id]
   if a == 1 then -- fixed_window: the window decide.lua wrote, if still stored
-    local w, n = hexes(redis.pcall('GET', k))
+    local w, n = hexes(readable(redis.pcall('GET', k)))
     if w == tok then
       call('SET', k, format('%x:%x', w, max(n - cost, 0)), 'KEEPTTL')
     end
     settled = settled + 1
   elseif a == 3 then -- sliding_window_counter: the window, or it as the previous
-    local w, n, p = hexes(redis.pcall('GET', k))
+    local w, n, p = hexes(readable(redis.pcall('GET', k)))
     if w == tok then
       call('SET', k, format('%x:%x:%x', w, max(n - cost, 0), p), 'KEEPTTL')
     elseif w == tok + 1 then
@@ -86,7 +96,7 @@ for _ = 1, nrules do
     end
     settled = settled + 1
   elseif a == 4 or a == 5 or a == 6 then
-    local t, x = pair(redis.pcall('GET', k))
+    local t, x = pair(readable(redis.pcall('GET', k)))
     if t then
       if a == 4 then -- token_bucket: give the tokens back
         x = min(PB[id], x + cost)
