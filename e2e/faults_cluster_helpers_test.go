@@ -55,7 +55,7 @@ const (
 	otherAnswer source = "other"       // anything else: a transport error, a 500, a surprise
 )
 
-// answer is one answer authlimit gave a test client.
+// clusterAnswer is one answer authlimit gave a cluster test client.
 type clusterAnswer struct {
 	sent    time.Time
 	took    time.Duration
@@ -248,7 +248,7 @@ func waitUntil(t *testing.T, timeout time.Duration, check func() error) {
 	}
 }
 
-// tally counts answers by what decided them, and the admissions of each.
+// clusterTally counts answers by what decided them, and the admissions of each.
 type clusterTally struct {
 	answers, admitted map[source]int
 	worst             time.Duration

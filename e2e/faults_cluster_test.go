@@ -200,7 +200,7 @@ func clusterFailover(t *testing.T, fullCoverage bool, opts ...redistest.Option) 
 	t.Run("back on Redis within 2s of the promotion", func(t *testing.T) {
 		target := faultlog.Row{
 			Fault:    "Cluster: recovery target after a master's replica is promoted; " + coverage,
-			Expected: fmt.Sprintf("decisions for the failed master's keys back on Redis within %v of the promotion (breaker backoff 250ms doubling to 1s)", clusterRecoveryTarget),
+			Expected: fmt.Sprintf("decisions for the failed master's keys back on Redis within %v of the promotion (the breaker's default backoff: probes 100ms apart, the gap doubling to 500ms)", clusterRecoveryTarget),
 			Observed: fmt.Sprintf("back on Redis %v after the promotion, %v after the kill (the failover took %v, from the kill to every node agreeing; a negative figure means authlimit's client learned the new master before every node agreed). Slowest answer for the killed master's keys %v.",
 				ms(afterPromotion), ms(afterKill), took.Round(time.Millisecond), ms(killedTally.worst)),
 			WorstLatency: killedTally.worst,

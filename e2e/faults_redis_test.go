@@ -157,19 +157,19 @@ func redisKilled(t *testing.T, outage time.Duration) {
 		limit    = 40
 		before   = 25 // each client's admissions through Redis before the kill
 		poolSize = 4
-		backoff  = 250 * time.Millisecond
+		// The breaker's defaults: probes 100ms apart at first, the gap
+		// doubling up to 500ms.
+		minBackoff, maxBackoff = 100 * time.Millisecond, 500 * time.Millisecond
 		// goroutineSlack is how many more goroutines than before the kill
 		// count as "back near the baseline".
 		goroutineSlack = 5
 	)
 	srv := redistest.NewLocal(t)
 	l := startLimiter(t, "authlimit", map[string]string{
-		"AUTHLIMIT_REDIS_URL":           srv.URL,
-		"AUTHLIMIT_RULES":               fmt.Sprintf("name=per-ip key=ip limit=%d/1d algorithm=sliding_window_log", limit),
-		"AUTHLIMIT_REDIS_POOL_SIZE":     fmt.Sprint(poolSize),
-		"AUTHLIMIT_FAIL_MODE":           "local",
-		"AUTHLIMIT_BREAKER_BACKOFF":     backoff.String(),
-		"AUTHLIMIT_BREAKER_MAX_BACKOFF": "1s",
+		"AUTHLIMIT_REDIS_URL":       srv.URL,
+		"AUTHLIMIT_RULES":           fmt.Sprintf("name=per-ip key=ip limit=%d/1d algorithm=sliding_window_log", limit),
+		"AUTHLIMIT_REDIS_POOL_SIZE": fmt.Sprint(poolSize),
+		"AUTHLIMIT_FAIL_MODE":       "local",
 	})
 	l.waitReadiness(t, "ready", 10*time.Second)
 	ips := clientIPs("203.0.113", 4)
@@ -228,7 +228,9 @@ func redisKilled(t *testing.T, outage time.Duration) {
 	closed, okClosed := firstCircuit(events, "closed", killed)
 	recovery := max(closed.Sub(answering), 0)
 	probes := m1.total("authlimit_store_probes_total") - m0.total("authlimit_store_probes_total")
-	maxProbes := int(outage/backoff) + 2
+	// The backoff doubles from the least to the most (100, 200, 400, 500
+	// ms), then stays there.
+	maxProbes := int(outage/maxBackoff) + 4
 	var transitions int
 	for _, e := range events {
 		if !e.at.Before(killed.Truncate(time.Millisecond)) {
@@ -274,7 +276,7 @@ func redisKilled(t *testing.T, outage time.Duration) {
 		t.Errorf("%d circuit changes from the kill on, want 2 (open, then closed): %v", transitions, events)
 	}
 	if probes < 1 || probes > float64(maxProbes) {
-		t.Errorf("%v probes during an outage of %v, want 1 to %d (one per backoff of %v at most)", probes, outage, maxProbes, backoff)
+		t.Errorf("%v probes during an outage of %v, want 1 to %d (one per backoff, %v doubling to %v)", probes, outage, maxProbes, minBackoff, maxBackoff)
 	}
 	if goroutines1 > goroutines0+goroutineSlack {
 		t.Errorf("goroutines %v before the kill, %v after recovery: a leak", goroutines0, goroutines1)
@@ -284,8 +286,8 @@ func redisKilled(t *testing.T, outage time.Duration) {
 	}
 }
 
-// TestFaultRedisStalled stalls Redis for 3 s, by CLIENT PAUSE ALL and by
-// DEBUG SLEEP, while one client asks, one request at a time. Every
+// TestFaultRedisStalled stalls Redis for 3 s, 5 s and 20 s by CLIENT PAUSE
+// ALL, and for 3 s by DEBUG SLEEP, while one client asks, one request at a time. Every
 // decision takes at most the budget and the margin. The first
 // BREAKER_FAILURES calls time out and are answered 503 unavailable (they
 // may still be decided in Redis), then the circuit opens and the fail mode
@@ -319,20 +321,24 @@ func TestFaultRedisStalled(t *testing.T) {
 		}},
 	}
 	for _, st := range stalls {
-		t.Run(st.name, func(t *testing.T) { redisStalled(t, st.name, st.stall) })
+		for _, length := range []time.Duration{3 * time.Second, 5 * time.Second, 20 * time.Second} {
+			if st.name == "DEBUG SLEEP" && length > 3*time.Second {
+				continue // the same for Redis as a pause; one length shows it
+			}
+			t.Run(fmt.Sprintf("%s %v", st.name, length), func(t *testing.T) { redisStalled(t, st.name, length, st.stall) })
+		}
 	}
 }
 
-func redisStalled(t *testing.T, name string, stall func(t *testing.T, srv *redistest.Server, d time.Duration) <-chan struct{}) {
+func redisStalled(t *testing.T, name string, length time.Duration, stall func(t *testing.T, srv *redistest.Server, d time.Duration) <-chan struct{}) {
 	const (
 		failures = 5
-		length   = 3 * time.Second
 		ip       = "203.0.113.50"
 	)
 	srv := redistest.NewLocal(t, redistest.WithDebugCommand())
 	l := startLimiter(t, "authlimit", map[string]string{
 		"AUTHLIMIT_REDIS_URL":        srv.URL,
-		"AUTHLIMIT_RULES":            "name=per-ip key=ip limit=1000/1d",
+		"AUTHLIMIT_RULES":            "name=per-ip key=ip limit=100000/1d",
 		"AUTHLIMIT_FAIL_MODE":        "local",
 		"AUTHLIMIT_BREAKER_FAILURES": fmt.Sprint(failures),
 	})
@@ -371,7 +377,8 @@ func redisStalled(t *testing.T, name string, stall func(t *testing.T, srv *redis
 	}
 	delta := func(m promSample, series string) float64 { return m[series] - m0[series] }
 	faults.Record(t, faultlog.Row{
-		Fault:    fmt.Sprintf("Redis stalled %v (%s)", length, name),
+		// Padded, so that the table sorts the stalls by length.
+		Fault:    fmt.Sprintf("Redis stalled %2d s (%s)", int(length.Seconds()), name),
 		Expected: fmt.Sprintf("every decision within the budget (%v) + margin; 503 unavailable for the first %d timeouts, then the fail mode (local); the circuit closes without traffic within 2 s of Redis answering", decisionBudget, failures),
 		Observed: fmt.Sprintf("%d requests, one at a time: the first %d answered 503, then %s; %v timeouts; circuit opened %v×, closed %s after the stall ended with no request in between",
 			len(as), unavailable, tally(as[unavailable:]), delta(m1, `authlimit_store_errors_total{kind="timeout"}`),
@@ -487,9 +494,9 @@ func TestFaultRedisSlowLink(t *testing.T) {
 	faults.Record(t, faultlog.Row{
 		Fault:    "Slow link: +5 ms, then +60 ms each way (latency proxy; budget 50 ms)",
 		Expected: fmt.Sprintf("+5 ms: decisions on Redis, no store error; +60 ms: every answer within the budget + margin, and the client's admissions across Redis and the local fallback never above its limit (%d)", limit),
-		Observed: fmt.Sprintf("+5 ms: %s, worst %v, %v store errors; +60 ms: %s in 4 s, %v timeouts, the circuit opened %d× and closed %d× (a probe may take 1 s, so it passes over the slow link and closes the circuit, then %s calls time out again), worst %v; admitted in all %d of %d; Redis counted %d (its %d admissions and timed-out calls it still ran)",
+		Observed: fmt.Sprintf("+5 ms: %s, worst %v, %v store errors; +60 ms: %s in 4 s, %v timeouts, the circuit opened %d× and closed %d× (a probe must decide within the budget, which the slow link never allows), worst %v; admitted in all %d of %d; Redis counted %d (its %d admissions and timed-out calls it still ran; the fallback counted the timed-out calls as consumed)",
 			tally(slow), slowest(slow).Round(100*time.Microsecond), m1.total("authlimit_store_errors_total"), tally(slower), m2[`authlimit_store_errors_total{kind="timeout"}`],
-			changes["open"], changes["closed"], "BREAKER_FAILURES", slowest(slower).Round(100*time.Microsecond), admitted, limit, inRedis, countAnswers(slow, answer.admitted)),
+			changes["open"], changes["closed"], slowest(slower).Round(100*time.Microsecond), admitted, limit, inRedis, countAnswers(slow, answer.admitted)),
 		WorstLatency: slowest(append(slow, slower...)),
 	})
 
@@ -506,6 +513,9 @@ func TestFaultRedisSlowLink(t *testing.T) {
 	checkAnswers(t, "+60 ms", slower)
 	if admitted > limit {
 		t.Errorf("admitted %d in all, above the limit of %d: a call that timed out was admitted again by the fallback", admitted, limit)
+	}
+	if inRedis > limit || inRedis < int64(countAnswers(slow, answer.admitted)) {
+		t.Errorf("Redis counted %d, want between the %d it admitted at +5 ms and the limit %d", inRedis, countAnswers(slow, answer.admitted), limit)
 	}
 	if unavailable == 0 || countAnswers(slower, func(a answer) bool { return a.status == 429 }) == 0 {
 		t.Errorf("+60 ms: %s; want 503s (calls past the budget) and the fallback's 429s once the limit is used", tally(slower))
