@@ -59,14 +59,14 @@ func startApp(t *testing.T, environ map[string]string) *testApp {
 		t.Fatalf("newApp: %v", err)
 	}
 	ln := fasthttputil.NewInmemoryListener()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = a.server.Serve(ln)
-	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- a.serve(ctx, newListener(ln, s.MaxHeaderBytes), 5*time.Second) }()
 	t.Cleanup(func() {
-		_ = a.server.Shutdown()
-		<-done
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
 		a.close()
 		if t.Failed() {
 			t.Logf("authlimit logs:\n%s", logs.String())

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -21,6 +22,8 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -108,20 +111,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		defer stopPprof()
 	}
 
-	served := make(chan error, 1)
-	go func() { served <- a.server.Serve(l) }()
-	select {
-	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("shutting down", "timeout", s.ShutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
-	defer cancel()
-	if err := a.server.ShutdownWithContext(sctx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
-	}
-	return nil
+	return a.serve(ctx, newListener(l, s.MaxHeaderBytes), s.ShutdownTimeout)
 }
 
 // app is a configured authlimit: the handler, its server and its stores.
@@ -129,7 +119,33 @@ type app struct {
 	handler *handler.Handler
 	guard   *guard.Guard
 	server  *fasthttp.Server
+	log     *slog.Logger
 	closers []func() error
+}
+
+// serve answers on l until ctx ends, then shuts down: it stops accepting,
+// closes at once every connection that has no request on it, and waits up
+// to timeout for the requests in flight, whose answers say
+// "Connection: close".
+func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) error {
+	served := make(chan error, 1)
+	go func() { served <- a.server.Serve(l) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	a.log.Info("shutting down", "timeout", timeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	// fasthttp closes the connections idle between two requests itself,
+	// but counts a new one as busy from its accept: one that never sends
+	// a byte would hold the shutdown until its read timeout.
+	l.closeSilent()
+	if err := a.server.ShutdownWithContext(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
 }
 
 // newApp builds the stores, the guard, the handler and the server from
@@ -138,7 +154,7 @@ type app struct {
 // until it does; one that refuses authlimit's credentials or certificate
 // is a configuration mistake.
 func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
-	a := &app{}
+	a := &app{log: log}
 	// go-redis logs through a process-wide logger; send it to ours.
 	redis.SetLogger(redisLogger{log})
 	if s.defaultRules {
@@ -254,9 +270,10 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		WriteTimeout:          10*time.Second + algo.MaxDelay,
 		// Longer than the proxies' upstream keep-alive, so that authlimit
 		// never closes a connection a proxy is about to reuse.
-		IdleTimeout:  2 * time.Minute,
-		ErrorHandler: errorHandler,
-		Logger:       fasthttpLogger{log},
+		IdleTimeout:     2 * time.Minute,
+		CloseOnShutdown: true,
+		ErrorHandler:    errorHandler,
+		Logger:          fasthttpLogger{log},
 	}
 	return a, nil
 }
@@ -288,7 +305,8 @@ func (a *app) close() {
 
 // errorHandler answers requests fasthttp could not read: headers larger
 // than AUTHLIMIT_MAX_HEADER_BYTES get 431, a body over 64 KiB 413, a
-// request that stalls 408, anything else malformed 400.
+// request that stalls 408, anything else malformed (bare line feeds
+// included, see conn) 400.
 func errorHandler(ctx *fasthttp.RequestCtx, err error) {
 	var status int
 	var sizeErr *fasthttp.ErrSmallBuffer
@@ -308,6 +326,199 @@ func errorHandler(ctx *fasthttp.RequestCtx, err error) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// listener is the server's listener. It keeps the connections it accepts,
+// so that shutdown can close those that never sent a byte, and wraps each
+// in a conn.
+type listener struct {
+	net.Listener
+	maxHeader int // the largest header block: fasthttp refuses larger ones itself
+
+	mu       sync.Mutex
+	conns    map[*conn]struct{}
+	shutting bool
+}
+
+func newListener(l net.Listener, maxHeader int) *listener {
+	return &listener{Listener: l, maxHeader: maxHeader, conns: map[*conn]struct{}{}}
+}
+
+// Accept returns the next connection; once shutdown began, it closes new
+// ones at once (the listener itself closes a moment later).
+func (l *listener) Accept() (net.Conn, error) {
+	for {
+		nc, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		c := &conn{Conn: nc, l: l, scanning: true}
+		l.mu.Lock()
+		shutting := l.shutting
+		if !shutting {
+			l.conns[c] = struct{}{}
+		}
+		l.mu.Unlock()
+		if !shutting {
+			return c, nil
+		}
+		_ = nc.Close()
+	}
+}
+
+// closeSilent starts the shutdown: it closes every connection that has not
+// sent a byte, and any accepted from now on.
+func (l *listener) closeSilent() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.shutting = true
+	for c := range l.conns {
+		if c.state.CompareAndSwap(connSilent, connShut) {
+			_ = c.Conn.Close()
+		}
+	}
+}
+
+// conn is a served connection. It tells whether it ever sent a byte, and
+// refuses a request whose header block ends in bare line feeds ("GET /
+// HTTP/1.1\nHost: x\n\n"): fasthttp looks for CRLF CRLF alone, and would
+// wait for it until the read timeout answered 408. RFC 9112 lets a server
+// refuse such a request; fasthttp then answers 400 and closes.
+type conn struct {
+	net.Conn
+	l     *listener
+	state atomic.Int32 // connSilent, then connSpoke or connShut
+
+	// Read and Write run on the connection's one serving goroutine: the
+	// fields below need no lock.
+	scanning bool   // the bytes read since the last answer may start a header block
+	head     []byte // those bytes, while the block has not ended
+	refused  bool   // a header block ended in bare line feeds
+}
+
+const (
+	connSilent int32 = iota // no byte read yet
+	connSpoke               // a byte read: it carries, or carried, a request
+	connShut                // closed by shutdown while silent
+)
+
+// errBareLF refuses a header block that ends in bare line feeds.
+var errBareLF = errors.New("header block ends in bare line feeds; HTTP/1.1 wants CRLF")
+
+func (c *conn) Read(p []byte) (int, error) {
+	if c.refused {
+		return 0, errBareLF
+	}
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.state.CompareAndSwap(connSilent, connSpoke)
+		if c.scanning && c.bareLF(p[:n]) {
+			c.refused = true
+			return n, errBareLF
+		}
+	}
+	return n, err
+}
+
+// continueLine starts the interim answer to "Expect: 100-continue", after
+// which the same request's body comes.
+var continueLine = []byte("HTTP/1.1 100 ")
+
+func (c *conn) Write(p []byte) (int, error) {
+	// An answer ends its request: what is read next starts another. (A
+	// pipelined request fasthttp read before this answer is not looked
+	// at: no proxy pipelines, and such a one still gets its 408.)
+	if !bytes.HasPrefix(p, continueLine) {
+		c.scanning, c.head = true, c.head[:0]
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *conn) Close() error {
+	c.l.mu.Lock()
+	delete(c.l.conns, c)
+	c.l.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// bareLF looks at b, read after the bytes kept in c.head, for the end of a
+// request's header block, and reports whether it ends in bare line feeds.
+// Once the block ended well, or what was read is no request line, it stops
+// looking until the next answer.
+func (c *conn) bareLF(b []byte) bool {
+	if len(c.head) > 0 {
+		c.head = append(c.head, b...)
+		b = c.head
+	}
+	switch headerEnd(b) {
+	case headerBareLF:
+		return true
+	case headerOpen:
+		if len(b) <= c.l.maxHeader {
+			if len(c.head) == 0 {
+				c.head = append(c.head, b...)
+			}
+			return false
+		}
+	}
+	c.scanning, c.head = false, nil
+	return false
+}
+
+// headerKind is what headerEnd found.
+type headerKind int
+
+const (
+	headerOpen   headerKind = iota // the header block has not ended yet
+	headerCRLF                     // it ended as fasthttp reads it
+	headerBareLF                   // it ended in bare line feeds
+	headerOther                    // no request line: a body, or garbage fasthttp refuses itself
+)
+
+// headerEnd finds where the header block starting b ends, as RFC 9112
+// reads it: lines end in LF, with or without CR; empty lines before the
+// request line are skipped. fasthttp reads a block that ends in CRLF CRLF,
+// or an empty one ending in CRLF; it would wait on any other.
+func headerEnd(b []byte) headerKind {
+	for {
+		if rest, ok := bytes.CutPrefix(b, []byte("\r\n")); ok {
+			b = rest
+		} else if rest, ok := bytes.CutPrefix(b, []byte("\n")); ok {
+			b = rest
+		} else {
+			break
+		}
+	}
+	first := bytes.IndexByte(b, '\n')
+	if first < 0 {
+		return headerOpen
+	}
+	if !isRequestLine(bytes.TrimSuffix(b[:first], []byte("\r"))) {
+		return headerOther
+	}
+	for end := first + 1; ; {
+		i := bytes.IndexByte(b[end:], '\n')
+		if i < 0 {
+			return headerOpen
+		}
+		line := b[end : end+i]
+		end += i + 1
+		if len(line) > 1 || len(line) == 1 && line[0] != '\r' {
+			continue
+		}
+		if bytes.HasSuffix(b[:end], []byte("\r\n\r\n")) || end == first+3 && len(line) == 1 {
+			return headerCRLF
+		}
+		return headerBareLF
+	}
+}
+
+// isRequestLine reports whether line ends in an HTTP version, as fasthttp
+// wants a request line to ("GET / HTTP/1.1").
+func isRequestLine(line []byte) bool {
+	n := len(line)
+	return n > 9 && string(line[n-9:n-3]) == " HTTP/" && line[n-2] == '.' &&
+		'0' <= line[n-3] && line[n-3] <= '9' && '0' <= line[n-1] && line[n-1] <= '9'
 }
 
 // healthcheck asks the local authlimit's /healthz, over the address it
