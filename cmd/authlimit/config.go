@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"reflect"
 	"sort"
@@ -18,6 +19,7 @@ import (
 	"github.com/caarlos0/env/v11"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
 )
@@ -26,9 +28,10 @@ import (
 const envPrefix = "AUTHLIMIT_"
 
 // config is authlimit's whole configuration, read from AUTHLIMIT_*
-// variables. Its tags hold every default authlimit has: the packages it
-// configures take every value from it. README documents every field; a test
-// keeps the two in step.
+// variables. Its tags hold every default authlimit has, but those a package
+// it configures owns, which defaultConfig takes from that package: the
+// packages take every value from config. README documents every field and
+// its default; TestREADMEDocumentsEveryVariable keeps the two in step.
 type config struct {
 	Listen   string `env:"LISTEN" envDefault:":8080"`
 	RedisURL string `env:"REDIS_URL"`
@@ -62,12 +65,18 @@ type config struct {
 	BreakerFailures       int           `env:"BREAKER_FAILURES" envDefault:"5"`
 	BreakerBackoff        time.Duration `env:"BREAKER_BACKOFF" envDefault:"100ms"`
 	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"500ms"`
-	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS" envDefault:"1048576"` // algo.DefaultMemoryMaxKeys
+	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS"` // default in defaultConfig
 	MaxHeaderBytes        int           `env:"MAX_HEADER_BYTES" envDefault:"32768"`
 	ShutdownTimeout       time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
 	LogLevel              string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat             string        `env:"LOG_FORMAT" envDefault:"json"`
 	PprofListen           string        `env:"PPROF_LISTEN"`
+}
+
+// defaultConfig holds the defaults that belong to the packages authlimit
+// configures; env keeps them for variables that are unset.
+func defaultConfig() config {
+	return config{MemoryMaxKeys: algo.DefaultMemoryMaxKeys}
 }
 
 // settings is config validated and parsed into the types the program uses.
@@ -99,7 +108,7 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 // loadConfig reads the AUTHLIMIT_* variables of environ and validates them,
 // reporting every problem at once (errors.Join of *ConfigError).
 func loadConfig(environ map[string]string) (*settings, error) {
-	var c config
+	c := defaultConfig()
 	var errs []error
 	unparsed := map[string]bool{} // variables whose value could not be read
 	problem := func(field string, err error) {
@@ -269,10 +278,9 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		}
 		return nil, nil, "memory (embedded, this instance only)"
 	}
-	base, err := redis.ParseURL(c.RedisURL)
+	base, err := parseRedisURL(c.RedisURL)
 	if err != nil {
-		// go-redis's message may quote the URL: keep its credentials out.
-		problem("REDIS_URL", fmt.Errorf("%s: %s", redactURL(c.RedisURL), redact(err.Error(), c.RedisURL)))
+		problem("REDIS_URL", err)
 		return nil, nil, ""
 	}
 	for _, a := range c.RedisAddrs {
@@ -391,8 +399,50 @@ func tlsSettings(c *config, t *tls.Config, problem func(string, error)) {
 	}
 }
 
+// parseRedisURL parses a Redis URL as go-redis does, but refuses one whose
+// user information go-redis would read otherwise than redactURL hides it.
+// Its errors quote nothing of the user information: go-redis's own quote
+// the URL up to where it went wrong, which with a '#', '/' or '?' in the
+// password is inside the password.
+func parseRedisURL(raw string) (*redis.Options, error) {
+	shown := redactURL(raw)
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok || scheme == "" {
+		return nil, errors.New("not a URL: want redis://, rediss:// or unix:// (such as redis://user:password@host:6379/0)")
+	}
+	o, err := redis.ParseURL(raw)
+	if err == nil {
+		if at := strings.LastIndexByte(rest, '@'); at >= 0 && !sameHost(raw, rest[at+1:]) {
+			err = errors.New("user information read as host")
+		}
+	}
+	if err == nil {
+		return o, nil
+	}
+	if _, err := redis.ParseURL(shown); err != nil {
+		// The trouble is outside the user information, which shown
+		// hides: go-redis's message about shown quotes no credential.
+		return nil, fmt.Errorf("%s: %w", shown, err)
+	}
+	return nil, fmt.Errorf(`%s: its user information (all between :// and the last @) does not parse: percent-encode '#', '/', '?', '@' and '%%' in the user name and password (%%23, %%2F, %%3F, %%40, %%25)`, shown)
+}
+
+// sameHost reports whether url.Parse takes raw's host from hostPart (what
+// follows raw's last '@'), and so its user information from before it.
+func sameHost(raw, hostPart string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return false
+	}
+	if i := strings.IndexAny(hostPart, "/?#"); i >= 0 {
+		hostPart = hostPart[:i]
+	}
+	return u.Host == hostPart
+}
+
 // redactURL shows a Redis URL without its user information, whatever
-// characters the password holds ('#', '/', '@' and all).
+// characters the password holds ('#', '/', '@' and all): everything
+// between "://" and the last '@' is hidden.
 func redactURL(raw string) string {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
@@ -406,7 +456,11 @@ func redactURL(raw string) string {
 
 // redact removes from text every part of raw's user information: the
 // whole, and each piece of it between separators, so that no message
-// quoting the URL (or a part of it) shows a credential.
+// quoting the URL (or a part of it) shows a credential. It serves the
+// messages of a running client, which quote addresses, never the user
+// information (parseRedisURL made sure no address comes from it): a
+// one-character piece is left, as hiding every such letter would garble
+// the message.
 func redact(text, raw string) string {
 	_, rest, ok := strings.Cut(raw, "://")
 	at := strings.LastIndexByte(rest, '@')
@@ -469,13 +523,19 @@ func parsePrefixes(field string, vals []string, problem func(string, error)) []n
 // envField is one variable: its name without the prefix and its default.
 type envField struct{ key, def string }
 
-// envFields lists config's variables.
+// envFields lists config's variables, with their defaults from the tags
+// or from defaultConfig.
 func envFields() []envField {
 	var out []envField
 	t := reflect.TypeOf(config{})
+	defaults := reflect.ValueOf(defaultConfig())
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		out = append(out, envField{key: strings.Split(f.Tag.Get("env"), ",")[0], def: f.Tag.Get("envDefault")})
+		def, tagged := f.Tag.Lookup("envDefault")
+		if v := defaults.Field(i); !tagged && !v.IsZero() {
+			def = fmt.Sprint(v.Interface())
+		}
+		out = append(out, envField{key: strings.Split(f.Tag.Get("env"), ",")[0], def: def})
 	}
 	return out
 }

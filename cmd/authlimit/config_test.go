@@ -1,0 +1,346 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/internal/redistest"
+	"github.com/authlimit/authlimit/rules"
+)
+
+// checkEnv runs authlimit -check on env and returns everything it said:
+// the error, stdout and stderr.
+func checkEnv(t *testing.T, env map[string]string) (err error, said string) {
+	t.Helper()
+	var environ []string
+	for k, v := range env {
+		environ = append(environ, k+"="+v)
+	}
+	var out, errOut bytes.Buffer
+	err = run(context.Background(), []string{"-check"}, environ, &out, &errOut)
+	said = out.String() + errOut.String()
+	if err != nil {
+		said += err.Error()
+	}
+	return err, said
+}
+
+// configErrors returns the problems loadConfig found, by variable.
+func configErrors(err error) map[string][]string {
+	out := map[string][]string{}
+	if err == nil {
+		return out
+	}
+	for _, e := range unjoin(err) {
+		var ce *ConfigError
+		if errors.As(e, &ce) {
+			out[ce.Var] = append(out[ce.Var], ce.Err.Error())
+		} else {
+			out[""] = append(out[""], e.Error())
+		}
+	}
+	return out
+}
+
+// TestConfigErrorsNameTheVariable: every mistake fails -check with a
+// usage error (exit 2) naming the variable.
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	tests := []struct {
+		name     string
+		env      map[string]string
+		variable string
+		want     string
+	}{
+		// Finding 9: set but empty is not "the defaults".
+		{"trusted proxies set but empty", map[string]string{"AUTHLIMIT_TRUSTED_PROXIES": ""}, "AUTHLIMIT_TRUSTED_PROXIES", "set but empty: unset it for the default (127.0.0.0/8,"},
+		{"trusted proxies blank", map[string]string{"AUTHLIMIT_TRUSTED_PROXIES": " "}, "AUTHLIMIT_TRUSTED_PROXIES", "or none to trust no proxy"},
+		{"trusted proxies none among others", map[string]string{"AUTHLIMIT_TRUSTED_PROXIES": "none,10.0.0.0/8"}, "AUTHLIMIT_TRUSTED_PROXIES", `"none" is not a CIDR`},
+		// Finding 11: ports beyond 65535.
+		{"listen port too large", map[string]string{"AUTHLIMIT_LISTEN": "127.0.0.1:99999"}, "AUTHLIMIT_LISTEN", `port "99999" is not a number from 0 to 65535`},
+		{"listen port too large, any address", map[string]string{"AUTHLIMIT_LISTEN": ":65536"}, "AUTHLIMIT_LISTEN", `port "65536"`},
+		{"listen port negative", map[string]string{"AUTHLIMIT_LISTEN": "127.0.0.1:-1"}, "AUTHLIMIT_LISTEN", `port "-1"`},
+		{"listen port by name", map[string]string{"AUTHLIMIT_LISTEN": "127.0.0.1:http"}, "AUTHLIMIT_LISTEN", `port "http"`},
+		{"listen without a port", map[string]string{"AUTHLIMIT_LISTEN": "127.0.0.1"}, "AUTHLIMIT_LISTEN", "is not host:port or unix:<path>"},
+		{"listen on unix: without a path", map[string]string{"AUTHLIMIT_LISTEN": "unix:"}, "AUTHLIMIT_LISTEN", "needs a socket path"},
+		{"pprof port too large", map[string]string{"AUTHLIMIT_PPROF_LISTEN": "127.0.0.1:99999"}, "AUTHLIMIT_PPROF_LISTEN", `port "99999"`},
+		// Finding 8: a mapped prefix shorter than /96 is not IPv4.
+		{"block a mapped prefix beyond ::ffff:0:0/96", map[string]string{"AUTHLIMIT_BLOCK_CIDRS": "::ffff:0:0/95"}, "AUTHLIMIT_BLOCK_CIDRS", "reaches beyond the IPv4-mapped addresses"},
+		{"allow a mapped prefix beyond ::ffff:0:0/96", map[string]string{"AUTHLIMIT_ALLOW_CIDRS": "::ffff:0:0/80"}, "AUTHLIMIT_ALLOW_CIDRS", "reaches beyond"},
+		{"trust a mapped prefix beyond ::ffff:0:0/96", map[string]string{"AUTHLIMIT_TRUSTED_PROXIES": "::ffff:0:0/64"}, "AUTHLIMIT_TRUSTED_PROXIES", "reaches beyond"},
+		// Finding 10: a Redis URL that does not parse.
+		{"redis URL without a scheme", map[string]string{"AUTHLIMIT_REDIS_URL": "localhost:6379"}, "AUTHLIMIT_REDIS_URL", "not a URL"},
+		{"redis URL of another scheme", map[string]string{"AUTHLIMIT_REDIS_URL": "http://localhost:6379"}, "AUTHLIMIT_REDIS_URL", "invalid URL scheme"},
+		{"redis URL with a '#' in the password", map[string]string{"AUTHLIMIT_REDIS_URL": "redis://user:sec#ret@localhost:6379"}, "AUTHLIMIT_REDIS_URL", "redis://***@localhost:6379: its user information (all between :// and the last @) does not parse: percent-encode"},
+		{"redis URL with a bad database", map[string]string{"AUTHLIMIT_REDIS_URL": "redis://localhost:6379/x"}, "AUTHLIMIT_REDIS_URL", "invalid database number"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err, said := checkEnv(t, tc.env)
+			var u usageError
+			if !errors.As(err, &u) {
+				t.Fatalf("-check with %v = %v, want a usage error (exit 2)", tc.env, err)
+			}
+			if !strings.Contains(said, tc.variable+": ") {
+				t.Errorf("-check with %v does not name %s:\n%s", tc.env, tc.variable, said)
+			}
+			_, err = loadConfig(tc.env)
+			problems := configErrors(err)[tc.variable]
+			if !strings.Contains(strings.Join(problems, "\n"), tc.want) {
+				t.Errorf("loadConfig(%v): %s problems %q, want one saying %q (all: %v)", tc.env, tc.variable, problems, tc.want, err)
+			}
+		})
+	}
+}
+
+// TestMappedPrefixesAreUnmapped: an IPv4-mapped prefix in any list is read
+// as the IPv4 prefix it maps (finding 8), so it matches IPv4 clients.
+func TestMappedPrefixesAreUnmapped(t *testing.T) {
+	want := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("198.51.100.7/32")}
+	for _, v := range []string{"TRUSTED_PROXIES", "ALLOW_CIDRS", "BLOCK_CIDRS"} {
+		s, err := loadConfig(map[string]string{envPrefix + v: "::ffff:203.0.113.0/120, ::ffff:198.51.100.7"})
+		if err != nil {
+			t.Fatalf("AUTHLIMIT_%s: %v", v, err)
+		}
+		got := map[string][]netip.Prefix{"TRUSTED_PROXIES": s.trusted, "ALLOW_CIDRS": s.allow, "BLOCK_CIDRS": s.block}[v]
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("AUTHLIMIT_%s=::ffff:203.0.113.0/120, ::ffff:198.51.100.7 reads as %v, want %v", v, got, want)
+		}
+	}
+}
+
+// TestMappedPrefixesMatchIPv4Clients: the same, end to end.
+func TestMappedPrefixesMatchIPv4Clients(t *testing.T) {
+	t.Run("block", func(t *testing.T) {
+		app := startApp(t, map[string]string{"AUTHLIMIT_RULES": "name=a limit=100/1m", "AUTHLIMIT_BLOCK_CIDRS": "::ffff:203.0.113.0/120"})
+		r := app.do(t, authFrom("203.0.113.5"))
+		wantStatus(t, r, 429, "a client in a mapped block-listed prefix")
+		if p := r.problem(t); p.Type != "urn:authlimit:blocked" {
+			t.Errorf("problem type = %q, want urn:authlimit:blocked", p.Type)
+		}
+	})
+	t.Run("allow", func(t *testing.T) {
+		app := startApp(t, map[string]string{"AUTHLIMIT_RULES": "name=a limit=1/1m", "AUTHLIMIT_ALLOW_CIDRS": "::ffff:203.0.113.0/120"})
+		for i := 0; i < 3; i++ {
+			r := app.do(t, authFrom("203.0.113.5"))
+			wantStatus(t, r, 200, "a client in a mapped allow-listed prefix")
+			if r.header("X-RateLimit-Limit") != "" {
+				t.Errorf("allow-listed answer has rate-limit headers: %v", r.headers)
+			}
+		}
+	})
+	t.Run("trusted proxies", func(t *testing.T) {
+		// Through a proxy in the mapped prefix, each forwarded client has
+		// its own quota; were the proxy not trusted, the proxy would be
+		// the client and the second request denied.
+		app := startApp(t, map[string]string{"AUTHLIMIT_RULES": "name=a limit=1/1m", "AUTHLIMIT_TRUSTED_PROXIES": "::ffff:203.0.113.0/120"})
+		for _, client := range []string{"198.51.100.7", "198.51.100.8"} {
+			r := authFrom(client)
+			r.peer = "203.0.113.5"
+			wantStatus(t, app.do(t, r), 200, "client "+client+" through a proxy in a mapped trusted prefix")
+		}
+	})
+}
+
+// TestTrustedProxiesNone: none trusts no proxy (finding 9): even a
+// loopback peer's forwarded headers are not believed.
+func TestTrustedProxiesNone(t *testing.T) {
+	s, err := loadConfig(map[string]string{"AUTHLIMIT_TRUSTED_PROXIES": "none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.trusted) != 0 {
+		t.Errorf("AUTHLIMIT_TRUSTED_PROXIES=none trusts %v, want nothing", s.trusted)
+	}
+	if !strings.Contains(s.describe(), "trusted proxies  none") {
+		t.Errorf("-check does not say that no proxy is trusted:\n%s", s.describe())
+	}
+	app := startApp(t, map[string]string{"AUTHLIMIT_RULES": "name=a limit=1/1m", "AUTHLIMIT_TRUSTED_PROXIES": "none"})
+	wantStatus(t, app.do(t, authFrom("198.51.100.7")), 200, "first")
+	wantStatus(t, app.do(t, authFrom("198.51.100.8")), 429, "second: the peer is the client, whatever it forwards")
+}
+
+// TestRedisURLNeverShowsCredentials: whatever the user information of
+// AUTHLIMIT_REDIS_URL holds, and whether the URL parses or not, no piece
+// of it shows in -check's output, its errors, or the logs (finding 10).
+// The user names and passwords are made of letters that nothing else
+// authlimit says contains, so that even a one-letter password is found.
+func TestRedisURLNeverShowsCredentials(t *testing.T) {
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port) // nothing listens: authlimit logs the failure
+	tests := []struct {
+		name     string
+		userinfo string // as written in the URL
+		secret   string // the letters that must never show
+		valid    bool
+	}{
+		{"one-letter pieces around #", "J:Q#Z", "JQZ", false},
+		{"two-letter pieces around #", "JK:QZ#ZQ", "JKQZ", false},
+		{"one-letter password ending in #", "JK:Q#", "JKQ", false},
+		{"password starting with #", "J:#Q", "JQ", false},
+		{"no user, one-letter pieces around #", ":Q#Z", "QZ", false},
+		{"digits and # read as a port", "JK:12#Q", "JKQ", false},
+		{"password with %", "JK:Q%Z", "JKQZ", false},
+		{"password with % and no hex digits", "JK:Q%ZZ", "JKQZ", false},
+		{"password with /", "JK:Q/Z", "JKQZ", false},
+		{"digits and / read as a port", "JK:9/Q", "JKQ", false},
+		{"password with ?", "JK:Q?Z", "JKQZ", false},
+		{"password with #, @, / and %", "JK:Q#@/%Z", "JKQZ", false},
+		{"one-letter password", "J:Q", "JQ", true},
+		{"two-letter password", "JK:QZ", "JKQZ", true},
+		{"password with @", "JK:Q@Z", "JKQZ", true},
+		{"escaped #", "JK:Q%23Z", "JKQZ", true},
+		{"escaped @, / and %", "J:Q%40%2F%25Z", "JQZ", true},
+		{"user only", "JK", "JK", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			host := "localhost:6379"
+			if tc.valid {
+				host = addr
+			}
+			url := "redis://" + tc.userinfo + "@" + host + "/0"
+			env := map[string]string{"AUTHLIMIT_REDIS_URL": url, "AUTHLIMIT_RULES": "name=a limit=1/1m"}
+			err, said := checkEnv(t, env)
+			if tc.valid != (err == nil) {
+				t.Fatalf("-check with AUTHLIMIT_REDIS_URL=%s: %v, want valid %v", url, err, tc.valid)
+			}
+			if err != nil && !strings.Contains(said, "AUTHLIMIT_REDIS_URL: redis://***@") {
+				t.Errorf("-check does not name AUTHLIMIT_REDIS_URL with its credentials hidden:\n%s", said)
+			}
+			if tc.valid {
+				if !strings.Contains(said, "redis standalone redis://***@"+host) {
+					t.Errorf("-check does not show the store with its credentials hidden:\n%s", said)
+				}
+				said += startLogs(t, env)
+			}
+			if i := strings.IndexAny(said, tc.secret); i >= 0 {
+				t.Errorf("AUTHLIMIT_REDIS_URL=%s: %q shows in:\n%s", url, said[i], said)
+			}
+		})
+	}
+}
+
+// startLogs builds authlimit from env and returns what it logged.
+func startLogs(t *testing.T, env map[string]string) string {
+	t.Helper()
+	s, err := loadConfig(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	noTime := func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{} // its "Z" is no credential
+		}
+		return a
+	}
+	a, err := newApp(context.Background(), s, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug, ReplaceAttr: noTime})))
+	if err != nil {
+		return logs.String() + err.Error()
+	}
+	a.close()
+	return logs.String()
+}
+
+// TestREADMEDocumentsEveryVariable: README's configuration table and
+// config agree: the same variables, with the same defaults.
+func TestREADMEDocumentsEveryVariable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]string{} // variable → default as README shows it
+	cell := regexp.MustCompile("`(" + envPrefix + "[A-Z0-9_]+)`")
+	for _, line := range strings.Split(string(readme), "\n") {
+		if !strings.HasPrefix(line, "| `"+envPrefix) {
+			continue
+		}
+		cells := strings.Split(line, " | ")
+		if len(cells) < 3 {
+			t.Errorf("README row %q has no default column", line)
+			continue
+		}
+		def := cells[1]
+		if d, ok := strings.CutPrefix(def, "`"); ok && strings.HasSuffix(d, "`") {
+			def = strings.TrimSuffix(d, "`")
+		} else if def == "unset" {
+			def = ""
+		}
+		for _, m := range cell.FindAllStringSubmatch(cells[0], -1) {
+			documented[m[1]] = def
+		}
+	}
+	var mismatches []string
+	fields := map[string]bool{}
+	for _, f := range envFields() {
+		name := envPrefix + f.key
+		fields[name] = true
+		want := f.def
+		if f.key == "RULES" {
+			want = rules.Default // applied by loadConfig, so that it can say so
+		}
+		got, ok := documented[name]
+		switch {
+		case !ok:
+			mismatches = append(mismatches, name+" is not in README's table")
+		case got != want:
+			shown := "unset"
+			if got != "" {
+				shown = "`" + got + "`"
+			}
+			wantShown := "unset"
+			if want != "" {
+				wantShown = "`" + want + "`"
+			}
+			mismatches = append(mismatches, name+": README says the default is "+shown+", config has "+wantShown)
+		}
+	}
+	for name := range documented {
+		if !fields[name] {
+			mismatches = append(mismatches, name+" is in README's table, but config has no such variable")
+		}
+	}
+	if len(mismatches) > 0 {
+		sort.Strings(mismatches)
+		t.Errorf("README's configuration table and config disagree:\n  %s", strings.Join(mismatches, "\n  "))
+	}
+}
+
+// TestMemoryMaxKeysDefault: AUTHLIMIT_MEMORY_MAX_KEYS defaults to the
+// memory store's own bound, which is kept in algo alone.
+func TestMemoryMaxKeysDefault(t *testing.T) {
+	s, err := loadConfig(map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.MemoryMaxKeys, algo.DefaultMemoryMaxKeys; got != want {
+		t.Errorf("default AUTHLIMIT_MEMORY_MAX_KEYS = %d, want algo.DefaultMemoryMaxKeys (%d)", got, want)
+	}
+	for _, f := range envFields() {
+		if f.key == "MEMORY_MAX_KEYS" && f.def != strconv.Itoa(algo.DefaultMemoryMaxKeys) {
+			t.Errorf("the default of AUTHLIMIT_MEMORY_MAX_KEYS reads as %q, want %d", f.def, algo.DefaultMemoryMaxKeys)
+		}
+	}
+	if _, err := loadConfig(map[string]string{"AUTHLIMIT_MEMORY_MAX_KEYS": ""}); !strings.Contains(fmt.Sprint(err), "AUTHLIMIT_MEMORY_MAX_KEYS: set but empty: unset it for the default (1048576)") {
+		t.Errorf("AUTHLIMIT_MEMORY_MAX_KEYS set but empty: %v", err)
+	}
+	s, err = loadConfig(map[string]string{"AUTHLIMIT_MEMORY_MAX_KEYS": "1000"})
+	if err != nil || s.MemoryMaxKeys != 1000 {
+		t.Errorf("AUTHLIMIT_MEMORY_MAX_KEYS=1000: %v, %v", s, err)
+	}
+}
