@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -371,7 +372,9 @@ func parseMethods(v string) ([]string, error) {
 
 // parseHost reads a host= value: a name or address, or "*." and a name for
 // any subdomain, normalized as AppendHost normalizes requests' hosts. A port
-// is refused: requests' hosts lose theirs, so it could never match.
+// is refused: requests' hosts lose theirs, so it could never match. An IPv6
+// literal gets the brackets requests' hosts keep ("2001:db8::1" becomes
+// "[2001:db8::1]"); like them, it is compared as written, in lower case.
 func parseHost(v string) (string, error) {
 	rest, wild := strings.CutPrefix(strings.ToLower(v), "*.")
 	if rest == "" {
@@ -382,6 +385,21 @@ func parseHost(v string) (string, error) {
 		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == ':' || c == '[' || c == ']') {
 			return "", fmt.Errorf("host %q contains %q", v, c)
 		}
+	}
+	switch {
+	case strings.HasPrefix(rest, "["):
+		end := strings.IndexByte(rest, ']')
+		if end < 0 || !isIPv6(rest[1:end]) {
+			return "", errors.New("want an IPv6 address in brackets, such as [2001:db8::1]")
+		}
+	case strings.Count(rest, ":") > 1:
+		if !isIPv6(rest) {
+			return "", errors.New("not a host name or an IPv6 address")
+		}
+		rest = "[" + rest + "]"
+	}
+	if wild && strings.HasPrefix(rest, "[") {
+		return "", errors.New("*. needs a domain name")
 	}
 	norm := string(AppendHost(nil, []byte(rest)))
 	if wild {
@@ -394,6 +412,12 @@ func parseHost(v string) (string, error) {
 		return "", fmt.Errorf("requests are matched by host without a port: write host=%s, which matches every port", norm)
 	}
 	return norm, nil
+}
+
+// isIPv6 reports whether s is an IPv6 address without a zone.
+func isIPv6(s string) bool {
+	a, err := netip.ParseAddr(s)
+	return err == nil && a.Is6() && a.Zone() == ""
 }
 
 // parsePathPrefix reads a path= prefix and normalizes it as AppendPath

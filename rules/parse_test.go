@@ -113,6 +113,11 @@ func TestParseRulesErrorsNameRuleAndField(t *testing.T) {
 		{`name=a limit=10/1m cost=header:X-Len cost_missing=maybe`, []string{`cost_missing "maybe": want deny, or the cost to charge`}},
 		{`name=a limit=10/1m cost=header:X-Len cost_missing=11`, []string{`cost_missing "11": 11 is more than the rule ever admits at once (10)`}},
 		{`name=a limit=1/1m host=api.example.com:8080`, []string{`host "api.example.com:8080": requests are matched by host without a port: write host=api.example.com`}},
+		{`name=a limit=1/1m host=[2001:db8::1]:8080`, []string{`host "[2001:db8::1]:8080": requests are matched by host without a port: write host=[2001:db8::1]`}},
+		{`name=a limit=1/1m host=2001:db8::zz`, []string{`host "2001:db8::zz": not a host name or an IPv6 address`}},
+		{`name=a limit=1/1m host=[2001:db8::1`, []string{`host "[2001:db8::1": want an IPv6 address in brackets`}},
+		{`name=a limit=1/1m host=[api.example.com]`, []string{`host "[api.example.com]": want an IPv6 address in brackets`}},
+		{`name=a limit=1/1m host=*.2001:db8::1`, []string{`host "*.2001:db8::1": *. needs a domain name`}},
 		{`name=a limit=1/1m path=/login?x=1`, []string{`path "/login?x=1": a path prefix has no query or fragment`}},
 		{`name=x limit=0/0s burst=-1 algorithm=nope`, []string{`limit "0/0s"`, `burst "-1"`, `algorithm "nope"`}},
 	}
@@ -155,6 +160,11 @@ func TestRuleValuesAreNormalizedAsRequests(t *testing.T) {
 	tests := []struct{ src, host, path string }{
 		{"host=API.Example.COM.", "api.example.com", ""},
 		{"host=*.Example.com.", "*.example.com", ""},
+		// Requests keep an IPv6 literal's brackets (Host: [2001:db8::1]:443).
+		{"host=2001:DB8::1", "[2001:db8::1]", ""},
+		{"host=[2001:db8::1]", "[2001:db8::1]", ""},
+		{"host=::ffff:192.0.2.1", "[::ffff:192.0.2.1]", ""},
+		{"host=192.0.2.1", "192.0.2.1", ""},
 		{"path=/log%69n", "", "/login"},
 		{"path=/a/../admin", "", "/admin"},
 		{"path=/LOGIN/", "", "/login/"},
@@ -168,6 +178,19 @@ func TestRuleValuesAreNormalizedAsRequests(t *testing.T) {
 		}
 		if rules[0].Host != tc.host || rules[0].PathPrefix != tc.path {
 			t.Errorf("Parse(%q): host %q path %q, want %q %q", tc.src, rules[0].Host, rules[0].PathPrefix, tc.host, tc.path)
+		}
+	}
+}
+
+// TestIPv6HostRuleMatches: host= with an IPv6 literal, bracketed or not,
+// matches requests for that literal, which keep their brackets.
+func TestIPv6HostRuleMatches(t *testing.T) {
+	for _, src := range []string{"host=2001:db8::1", "host=[2001:db8::1]", "host=2001:DB8::1"} {
+		r := mustParse(t, "name=v6 limit=2/1m "+src)[0]
+		for host, want := range map[string]bool{"[2001:db8::1]:8443": true, "[2001:DB8::1]": true, "[2001:db8::2]": false, "2001:db8::1.example.com": false} {
+			if got := r.Match(request("GET", "/", host, nil)); got != want {
+				t.Errorf("rule %s: Match(host %q) = %v, want %v", src, host, got, want)
+			}
 		}
 	}
 }
