@@ -61,8 +61,10 @@ type Options struct {
 	// the original request's method, URI and host.
 	MethodHeader, URIHeader, HostHeader string
 	// URLHeader, when set, names a header with the original request's
-	// absolute URL (ingress-nginx's X-Original-URL), read for the host
-	// and the URI before HostHeader and URIHeader.
+	// absolute URL (ingress-nginx's X-Original-URL): the host and the URI
+	// are read from it, never from HostHeader and URIHeader. A request
+	// without it, with it more than once, or with one that is not an
+	// absolute URL with a host is refused (urn:authlimit:invalid-url).
 	URLHeader string
 	// Registry receives the metrics and serves /metrics. Default: a new
 	// registry.
@@ -183,6 +185,7 @@ func New(opts Options) (*Handler, error) {
 // allocates nothing.
 type scratch struct {
 	q     rules.Request
+	hdrs  headers
 	reqs  []algo.Request
 	res   []algo.Result
 	rules []int  // reqs[i] is for h.rules[rules[i]]
@@ -250,7 +253,11 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 		h.metrics.allowlisted.Inc()
 		return
 	}
-	h.read(ctx, sc, ip)
+	if !h.read(ctx, sc, ip) {
+		h.metrics.invalid.Inc()
+		h.problem(ctx, sc, h.denyStatus, "invalid-url", "The "+h.urlHeader+" header is missing, repeated, or not an absolute URL with a host.", nil)
+		return
+	}
 
 	sc.reqs, sc.rules, sc.spans, sc.tags = sc.reqs[:0], sc.rules[:0], sc.spans[:0], sc.tags[:0]
 	for i, r := range h.rules {
@@ -325,9 +332,12 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 }
 
 // read fills sc.q from the request: the original method, path and host,
-// each normalized, and the client's key.
-func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) {
+// each normalized, and the client's key. With a URL header, the host and
+// the path come from it alone: it reports false if that header is absent,
+// repeated or not an absolute URL with a host.
+func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) bool {
 	hdr := &ctx.Request.Header
+	sc.hdrs.h = hdr
 	buf := sc.buf[:0]
 	method := hdr.Peek(h.methodHeader)
 	if len(method) == 0 {
@@ -335,16 +345,18 @@ func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) {
 	}
 	var uri, host []byte
 	if h.urlHeader != "" {
-		if hh, u, ok := rules.SplitURL(hdr.Peek(h.urlHeader)); ok {
-			host, uri = hh, u
+		u, n := sc.hdrs.Lookup(h.urlHeader)
+		ok := false
+		if n == 1 {
+			host, uri, ok = rules.SplitURL(u)
 		}
-	}
-	if uri == nil {
+		if !ok {
+			return false
+		}
+	} else {
 		if uri = hdr.Peek(h.uriHeader); len(uri) == 0 {
 			uri = ctx.Path()
 		}
-	}
-	if host == nil {
 		if host = hdr.Peek(h.hostHeader); len(host) == 0 {
 			host = hdr.Host()
 		}
@@ -364,8 +376,28 @@ func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) {
 		Path:      buf[at[0]:at[1]],
 		Host:      buf[at[1]:at[2]],
 		ClientKey: buf[at[2]:at[3]],
-		Header:    hdr,
+		Header:    &sc.hdrs,
 	}
+	return true
+}
+
+// headers gives rules a request's headers. fasthttp keeps one value of the
+// headers it parses itself (User-Agent, Content-Type, Host, ...), so how
+// many times a header occurs is counted in the raw header block, which a
+// request read from a connection has.
+type headers struct{ h *fasthttp.RequestHeader }
+
+// Lookup implements rules.Headers.
+func (x *headers) Lookup(name string) ([]byte, int) {
+	vals := x.h.PeekAll(name)
+	n := len(vals)
+	if raw := x.h.RawHeaders(); len(raw) > 0 {
+		n = max(n, rules.CountHeader(raw, name))
+	}
+	if len(vals) == 0 {
+		return nil, n
+	}
+	return vals[0], n
 }
 
 // respond writes the answer: metrics, headers and status.

@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"bufio"
 	"net"
 	"net/netip"
 	"strings"
@@ -99,6 +100,172 @@ func TestAuthAllocatesNothing(t *testing.T) {
 			if got := testing.AllocsPerRun(200, run); got != 0 {
 				t.Errorf("%s: %v allocations per request, want 0 (status %d)", name, got, ctx.Response.StatusCode())
 			}
+		}
+	}
+
+	// A request read from a connection, whose raw header block is
+	// searched for repeats, keyed by a header fasthttp parses itself, and
+	// with its host and path from a URL header.
+	hu := newHandler(t, "name=ua key=header:User-Agent+host limit=1000000/1m path=/api; name=len key=ip limit=1000000/1h cost=header:X-Original-Content-Length",
+		func(o *Options) { o.URLHeader = "X-Original-URL" })
+	parsed := serveRaw(t, hu, rawAuth("User-Agent: curl/8.0", "X-Original-URL: https://api.example.com/API/v1?x=1", "X-Original-Content-Length: 5000", "Accept: */*"))
+	if parsed.Response.StatusCode() != 200 || len(parsed.Response.Header.Peek("RateLimit-Policy")) == 0 {
+		t.Fatalf("parsed request: %d %s", parsed.Response.StatusCode(), parsed.Response.Body())
+	}
+	run := func() {
+		parsed.Response.Reset()
+		hu.Serve(parsed)
+	}
+	run()
+	if got := testing.AllocsPerRun(200, run); got != 0 {
+		t.Errorf("parsed request: %v allocations per request, want 0 (status %d)", got, parsed.Response.StatusCode())
+	}
+}
+
+// serveRaw serves a request read from raw bytes, as from a connection
+// (so that it has a raw header block), and returns its context.
+func serveRaw(t testing.TB, h *Handler, raw string) *fasthttp.RequestCtx {
+	t.Helper()
+	ctx := newCtx()
+	if err := ctx.Request.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Fatalf("read %q: %v", raw, err)
+	}
+	h.Serve(ctx)
+	return ctx
+}
+
+// rawAuth is an auth subrequest for the client 203.0.113.7 with more
+// header lines.
+func rawAuth(lines ...string) string {
+	return "GET /auth HTTP/1.1\r\nHost: authlimit\r\nX-Forwarded-For: 203.0.113.7\r\n" + strings.Join(lines, "\r\n") + "\r\n\r\n"
+}
+
+// TestRepeatedHeader: a key or cost header that a request has more than
+// once is refused with the deny status and urn:authlimit:repeated-header,
+// and counts nothing, for the headers fasthttp keeps one value of
+// (User-Agent, Content-Type, Cookie) as for any other.
+func TestRepeatedHeader(t *testing.T) {
+	for _, name := range []string{"User-Agent", "Content-Type", "Cookie", "X-Api-Key", "user-agent"} {
+		t.Run(name, func(t *testing.T) {
+			h := newHandler(t, "name=k key=header:"+name+" limit=1/1m; name=c key=ip limit=5/1m cost=header:X-Cost")
+			status := func(lines ...string) (int, string) {
+				ctx := serveRaw(t, h, rawAuth(lines...))
+				return ctx.Response.StatusCode(), string(ctx.Response.Body())
+			}
+			for _, lines := range [][]string{
+				{name + ": victim", name + ": r1"},
+				{name + ": r2", name + ": victim"},
+				{"USER-AGENT: victim", "user-agent: r3"},
+				{name + ": victim", name + ":"},
+			} {
+				if name != "User-Agent" && name != "user-agent" && strings.HasPrefix(lines[0], "USER-AGENT") {
+					continue
+				}
+				code, body := status(lines...)
+				if code != 429 || !strings.Contains(body, "urn:authlimit:repeated-header") {
+					t.Errorf("%q: %d %s, want 429 repeated-header", lines, code, body)
+				}
+			}
+			// None of that counted: the victim's one request passes,
+			// then the next is rate-limited.
+			if code, body := status(name + ": victim"); code != 200 {
+				t.Errorf("victim alone: %d %s, want 200", code, body)
+			}
+			if code, body := status(name + ": victim"); code != 429 || !strings.Contains(body, "rate-limited") {
+				t.Errorf("victim again: %d %s, want 429 rate-limited", code, body)
+			}
+		})
+	}
+	t.Run("cost", func(t *testing.T) {
+		h := newHandler(t, "name=c key=ip limit=5/1m cost=header:X-Cost")
+		ctx := serveRaw(t, h, rawAuth("X-Cost: 5", "x-cost: 1"))
+		if ctx.Response.StatusCode() != 429 || !strings.Contains(string(ctx.Response.Body()), "urn:authlimit:repeated-header") {
+			t.Errorf("X-Cost twice: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+		if ctx := serveRaw(t, h, rawAuth("X-Cost: 5")); ctx.Response.StatusCode() != 200 {
+			t.Errorf("X-Cost 5 after a refused repeat: %d, want 200", ctx.Response.StatusCode())
+		}
+	})
+}
+
+// TestCostZero: a cost header of 0 (an empty body) is not an invalid
+// cost: the rule counts nothing and is left out, even when its quota is
+// spent.
+func TestCostZero(t *testing.T) {
+	h := newHandler(t, "name=bytes key=ip limit=10/1m cost=header:X-Len")
+	ctx := newCtx()
+	for _, tc := range []struct {
+		len    string
+		status int
+	}{{"10", 200}, {"1", 429}, {"0", 200}, {"0", 200}} {
+		authRequest(ctx, "203.0.113.7", "X-Len", tc.len)
+		h.Serve(ctx)
+		if got := ctx.Response.StatusCode(); got != tc.status {
+			t.Errorf("X-Len %s: %d %s, want %d", tc.len, got, ctx.Response.Body(), tc.status)
+		}
+		if tc.len == "0" && len(ctx.Response.Header.Peek("X-RateLimit-Limit")) != 0 {
+			t.Errorf("X-Len 0: rate-limit headers of a rule left out")
+		}
+	}
+}
+
+// TestURLHeader: with a URL header (ingress-nginx's X-Original-URL), the
+// host and the path come from it alone; a request without one, with two,
+// or with one that has no host is refused (urn:authlimit:invalid-url),
+// never read from X-Forwarded-Host or X-Forwarded-Uri.
+func TestURLHeader(t *testing.T) {
+	rules := "name=api key=ip limit=1/1m host=api.example.com path=/login; name=host key=host limit=1/1m path=/k"
+	withURL := func(o *Options) { o.URLHeader = "X-Original-URL" }
+	serve := func(h *Handler, headers ...string) (int, string) {
+		ctx := newCtx()
+		authRequest(ctx, "203.0.113.7", headers...)
+		h.Serve(ctx)
+		return ctx.Response.StatusCode(), string(ctx.Response.Body())
+	}
+
+	h := newHandler(t, rules, withURL)
+	// The URL decides, whatever X-Forwarded-Host and -Uri say.
+	spoof := []string{"X-Forwarded-Host", "elsewhere.example", "X-Forwarded-Uri", "/public"}
+	for i, want := range []int{200, 429} {
+		code, body := serve(h, append([]string{"X-Original-URL", "https://API.example.com:443/Login;a=1?x=1"}, spoof...)...)
+		if code != want {
+			t.Errorf("request %d to api.example.com/login: %d %s, want %d", i+1, code, body, want)
+		}
+	}
+	if code, _ := serve(h, "X-Original-URL", "https://other.example/login", "X-Forwarded-Host", "api.example.com"); code != 200 {
+		t.Errorf("other.example/login with X-Forwarded-Host api.example.com: %d, want 200 (no rule)", code)
+	}
+	// key=host: one quota per URL host.
+	for i, want := range []int{200, 429} {
+		code, _ := serve(h, "X-Original-URL", "http://api.example.com/k", "X-Forwarded-Host", "r"+string(rune('0'+i)))
+		if code != want {
+			t.Errorf("key=host request %d: %d, want %d", i+1, code, want)
+		}
+	}
+	// No usable URL: refused.
+	for _, headers := range [][]string{
+		{"X-Forwarded-Host", "fresh.example", "X-Forwarded-Uri", "/k"},
+		{"X-Original-URL", "", "X-Forwarded-Host", "fresh.example"},
+		{"X-Original-URL", "http:///k", "X-Forwarded-Host", "fresh.example"},
+		{"X-Original-URL", "/k", "X-Forwarded-Host", "fresh.example"},
+		{"X-Original-URL", "http://a.example/k", "X-Original-URL", "http://b.example/k"},
+	} {
+		code, body := serve(h, headers...)
+		if code != 429 || !strings.Contains(body, "urn:authlimit:invalid-url") || !strings.Contains(body, "X-Original-URL") {
+			t.Errorf("%q: %d %s, want 429 invalid-url", headers, code, body)
+		}
+	}
+	// An allow-listed client is let through before any of that.
+	allow := newHandler(t, rules, withURL, func(o *Options) { o.AllowCIDRs = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")} })
+	if code, _ := serve(allow); code != 200 {
+		t.Errorf("allow-listed client without a URL: %d, want 200", code)
+	}
+
+	// Without a URL header, the host and URI headers as before.
+	plain := newHandler(t, rules)
+	for i, want := range []int{200, 429} {
+		if code, _ := serve(plain, "X-Forwarded-Host", "api.example.com", "X-Forwarded-Uri", "/LOGIN"); code != want {
+			t.Errorf("without a URL header, request %d: %d, want %d", i+1, code, want)
 		}
 	}
 }

@@ -22,11 +22,57 @@ type Request struct {
 	Header    Headers
 }
 
-// Headers gives a request's headers. *fasthttp.RequestHeader is one.
+// Headers gives a request's headers.
 type Headers interface {
-	// PeekAll returns every value of the named header, in order; the
-	// result is valid until the next call.
-	PeekAll(name string) [][]byte
+	// Lookup returns how many times the named header occurs in the
+	// request (names compared without regard to case, every line
+	// counted, an empty one too) and, when it occurs once, its value.
+	// The value is valid until the next call.
+	Lookup(name string) (value []byte, n int)
+}
+
+// CountHeader counts the lines of a raw header block ("Name: value" lines
+// ending in CRLF or LF, as a request carries them, without its request
+// line) that give the named header, names compared without regard to case.
+// A line starting with a space or a tab continues the previous one and is
+// not counted. A server's header API may keep one value of a header it
+// parses itself (fasthttp does for User-Agent, Content-Type, Host and
+// others): the raw block tells how many the client sent.
+func CountHeader(raw []byte, name string) int {
+	n := 0
+	for len(raw) > len(name) {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) > len(name) && line[len(name)] == ':' && equalFold(line[:len(name)], name) {
+			n++
+		}
+	}
+	return n
+}
+
+// equalFold reports whether b and s are equal in ASCII without regard to
+// case.
+func equalFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		x, y := b[i], s[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 // maxMethod bounds a method: no real one is longer, and a huge header stays
@@ -195,24 +241,29 @@ func appendLower(dst, b []byte) []byte {
 // SplitURL splits an absolute URL, as ingress-nginx sends it in
 // X-Original-URL ("https://api.example.com:8443/login?x=1"), into its host
 // (with any port; without user information) and its request URI (from the
-// path on; "/" if it has none). It reports false for anything else.
+// first "/" on; "/" if there is none). It reports false for anything else,
+// and for a URL without a host.
+//
+// ingress-nginx writes the client's Host header into the URL
+// ($scheme://$http_host$request_uri). nginx refuses a Host with a "/", but
+// not one with a "?" or a "#", so the path starts at the first "/": a Host
+// header of "api.example.com?" cannot turn "/login" into a query. A "?" or
+// a "#" before that "/" ends the host.
 func SplitURL(u []byte) (host, uri []byte, ok bool) {
 	i := bytes.Index(u, schemeSep)
 	if i <= 0 || bytes.IndexAny(u[:i], "/?#") >= 0 {
 		return nil, nil, false
 	}
 	rest := u[i+3:]
-	end := bytes.IndexAny(rest, "/?#")
-	if end < 0 {
-		end = len(rest)
+	host, uri = rest, rootPath
+	if end := bytes.IndexByte(rest, '/'); end >= 0 {
+		host, uri = rest[:end], rest[end:]
 	}
-	host = rest[:end]
+	if end := bytes.IndexAny(host, "?#"); end >= 0 {
+		host = host[:end]
+	}
 	if at := bytes.LastIndexByte(host, '@'); at >= 0 {
 		host = host[at+1:]
-	}
-	uri = rest[end:]
-	if len(uri) == 0 || uri[0] != '/' {
-		uri = rootPath
 	}
 	return host, uri, len(host) > 0
 }

@@ -175,6 +175,15 @@ func TestSplitURL(t *testing.T) {
 		{"http://user:pw@host/x", "host", "/x", true},
 		{"http://host", "host", "/", true},
 		{"http://host?q", "host", "/", true},
+		{"http://host#f", "host", "/", true},
+		// ingress-nginx writes $scheme://$http_host$request_uri: a Host
+		// header may hold "?" or "#" (not "/"), which end the host but
+		// never move the path.
+		{"http://api.example.com?/login", "api.example.com", "/login", true},
+		{"http://api.example.com#/login?x", "api.example.com", "/login?x", true},
+		{"http://api.example.com?x/login", "api.example.com", "/login", true},
+		{"http://evil@api.example.com/x", "api.example.com", "/x", true},
+		{"http://?/login", "", "", false},
 		{"http://[2001:db8::1]:443/x", "[2001:db8::1]:443", "/x", true},
 		{"/relative/path", "", "", false},
 		{"http:///nohost", "", "", false},
@@ -212,6 +221,31 @@ func TestParseIP(t *testing.T) {
 		}
 		if got != tc.want {
 			t.Errorf("ParseIP(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestCountHeader(t *testing.T) {
+	tests := []struct {
+		raw, name string
+		want      int
+	}{
+		{"User-Agent: a\r\nUser-Agent: b\r\n\r\n", "User-Agent", 2},
+		{"user-agent: a\r\nUSER-AGENT: b\r\n\r\n", "User-Agent", 2},
+		{"User-Agent: a\r\n\r\n", "User-Agent", 1},
+		{"User-Agent:\r\nUser-Agent: b\r\n\r\n", "User-Agent", 2},
+		{"Host: x\r\n\r\n", "User-Agent", 0},
+		{"", "User-Agent", 0},
+		{"X-Api-Key-2: a\r\nX-Api-Key: b\r\n\r\n", "X-Api-Key", 1},
+		{"X-Note: X-Api-Key: a\r\nX-Api-Key: b\r\n\r\n", "X-Api-Key", 1},
+		{"X-Note: a\r\n X-Api-Key: folded\r\nX-Api-Key: b\r\n\r\n", "X-Api-Key", 1},
+		{"Cookie: a=1\nCookie: b=2\n\n", "Cookie", 2},
+		{"Content-Type: a\r\nContent-Type: b", "Content-Type", 2},
+		{"Content-Typ: a\r\n", "Content-Type", 0},
+	}
+	for _, tc := range tests {
+		if got := CountHeader([]byte(tc.raw), tc.name); got != tc.want {
+			t.Errorf("CountHeader(%q, %q) = %d, want %d", tc.raw, tc.name, got, tc.want)
 		}
 	}
 }

@@ -164,14 +164,14 @@ func (r *Rule) AppendKey(dst []byte, q *Request) ([]byte, KeyStatus, string) {
 		case PartIP:
 			v = q.ClientKey
 		case PartHeader:
-			vals := q.Header.PeekAll(p.Header)
+			val, n := q.Header.Lookup(p.Header)
 			switch {
-			case len(vals) > 1:
+			case n > 1:
 				return dst[:start], KeyRepeated, p.Header
-			case len(vals) == 0 || len(vals[0]) == 0:
+			case n == 0 || len(val) == 0:
 				return dst[:start], KeyMissing, p.Header
 			}
-			v = vals[0]
+			v = val
 		case PartHost:
 			v = q.Host
 		case PartMethod:
@@ -219,11 +219,11 @@ func (r *Rule) Cost(q *Request) (int64, CostStatus) {
 	if r.CostHeader == "" {
 		return 0, CostOK
 	}
-	vals := q.Header.PeekAll(r.CostHeader)
+	val, n := q.Header.Lookup(r.CostHeader)
 	switch {
-	case len(vals) > 1:
+	case n > 1:
 		return 0, CostRepeated
-	case len(vals) == 0 || len(vals[0]) == 0:
+	case n == 0 || len(val) == 0:
 		switch r.CostMissing {
 		case CostDeny:
 			return 0, CostMissing
@@ -232,11 +232,11 @@ func (r *Rule) Cost(q *Request) (int64, CostStatus) {
 		}
 		return r.CostMissing, CostOK
 	}
-	n, ok := parseCost(vals[0])
+	cost, ok := parseCost(val)
 	if !ok {
 		return 0, CostInvalid
 	}
-	return n, CostOK
+	return cost, CostOK
 }
 
 // parseCost reads a whole number from 0 to algo.MaxLimit: ASCII digits only,

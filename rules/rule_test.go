@@ -6,15 +6,15 @@ import (
 	"testing"
 )
 
-// headers is a Headers over a textproto.MIMEHeader.
+// headers is a Headers over an http.Header.
 type headers http.Header
 
-func (h headers) PeekAll(name string) [][]byte {
-	var out [][]byte
-	for _, v := range h[textproto.CanonicalMIMEHeaderKey(name)] {
-		out = append(out, []byte(v))
+func (h headers) Lookup(name string) ([]byte, int) {
+	vals := h[textproto.CanonicalMIMEHeaderKey(name)]
+	if len(vals) == 0 {
+		return nil, 0
 	}
-	return out
+	return []byte(vals[0]), len(vals)
 }
 
 func request(method, uri, host string, h headers) *Request {
