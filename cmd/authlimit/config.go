@@ -27,6 +27,11 @@ import (
 // envPrefix starts every variable authlimit reads.
 const envPrefix = "AUTHLIMIT_"
 
+// maxBreakerBackoff bounds AUTHLIMIT_BREAKER_MAX_BACKOFF: an open circuit
+// is probed at least this often, so that decisions are back on Redis within
+// 2s of Redis answering again.
+const maxBreakerBackoff = time.Second
+
 // config is authlimit's whole configuration, read from AUTHLIMIT_*
 // variables. Its tags hold every default authlimit has, but those a package
 // it configures owns, which defaultConfig takes from that package: the
@@ -240,14 +245,19 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		min, max time.Duration
 	}{
 		{"REDIS_TIMEOUT", c.RedisTimeout, time.Millisecond, 10 * time.Second},
-		{"BREAKER_BACKOFF", c.BreakerBackoff, time.Millisecond, time.Hour},
-		{"BREAKER_MAX_BACKOFF", c.BreakerMaxBackoff, c.BreakerBackoff, time.Hour},
+		{"BREAKER_BACKOFF", c.BreakerBackoff, time.Millisecond, maxBreakerBackoff},
 		{"SHUTDOWN_TIMEOUT", c.ShutdownTimeout, 0, time.Hour},
 	}
 	for _, d := range durations {
 		if d.v < d.min || d.v > d.max {
 			problem(d.field, fmt.Errorf("%v is not between %v and %v", d.v, d.min, d.max))
 		}
+	}
+	switch {
+	case c.BreakerMaxBackoff < time.Millisecond || c.BreakerMaxBackoff > maxBreakerBackoff:
+		problem("BREAKER_MAX_BACKOFF", fmt.Errorf("%v is not between 1ms and %v: an open circuit waits up to this long between probes, and decisions must be back on Redis within 2s of Redis answering again", c.BreakerMaxBackoff, maxBreakerBackoff))
+	case c.BreakerBackoff > c.BreakerMaxBackoff && c.BreakerBackoff <= maxBreakerBackoff && !unparsed["BREAKER_MAX_BACKOFF"]:
+		problem("BREAKER_BACKOFF", fmt.Errorf("%v is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (%v): the gap between probes starts here and doubles up to that", c.BreakerBackoff, c.BreakerMaxBackoff))
 	}
 	if c.RedisPoolSize < 1 || c.RedisPoolSize > 256 {
 		problem("REDIS_POOL_SIZE", fmt.Errorf("%d is not between 1 and 256", c.RedisPoolSize))
@@ -645,7 +655,9 @@ func (s *settings) describe() string {
 	w("shadow", fmt.Sprint(s.Shadow))
 	headers := fmt.Sprintf("method %s, uri %s, host %s", s.MethodHeader, s.URIHeader, s.HostHeader)
 	if s.URLHeader != "" {
-		headers = fmt.Sprintf("url %s (host and uri), then ", s.URLHeader) + headers
+		// The URL alone gives the host and the URI: the uri and host
+		// headers are never read.
+		headers = fmt.Sprintf("url %s (host and uri), method %s", s.URLHeader, s.MethodHeader)
 	}
 	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))

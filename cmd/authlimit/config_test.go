@@ -84,6 +84,14 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"redis URL of another scheme", map[string]string{"AUTHLIMIT_REDIS_URL": "http://localhost:6379"}, "AUTHLIMIT_REDIS_URL", "invalid URL scheme"},
 		{"redis URL with a '#' in the password", map[string]string{"AUTHLIMIT_REDIS_URL": "redis://user:sec#ret@localhost:6379"}, "AUTHLIMIT_REDIS_URL", "redis://***@localhost:6379: its user information (all between :// and the last @) does not parse: percent-encode"},
 		{"redis URL with a bad database", map[string]string{"AUTHLIMIT_REDIS_URL": "redis://localhost:6379/x"}, "AUTHLIMIT_REDIS_URL", "invalid database number"},
+		// Recovery within 2 s of Redis answering needs a probe at least
+		// once a second.
+		{"breaker max backoff above 1s", map[string]string{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "2s"}, "AUTHLIMIT_BREAKER_MAX_BACKOFF", "2s is not between 1ms and 1s: an open circuit waits up to this long between probes"},
+		{"breaker max backoff zero", map[string]string{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "0s"}, "AUTHLIMIT_BREAKER_MAX_BACKOFF", "0s is not between 1ms and 1s"},
+		{"breaker backoff above max backoff", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "800ms"}, "AUTHLIMIT_BREAKER_BACKOFF", "800ms is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (500ms)"},
+		{"breaker backoff above max backoff, both set", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "300ms", "AUTHLIMIT_BREAKER_MAX_BACKOFF": "200ms"}, "AUTHLIMIT_BREAKER_BACKOFF", "300ms is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (200ms)"},
+		{"breaker backoff above 1s", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "5s"}, "AUTHLIMIT_BREAKER_BACKOFF", "5s is not between 1ms and 1s"},
+		{"breaker backoff zero", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "0s"}, "AUTHLIMIT_BREAKER_BACKOFF", "0s is not between 1ms and 1s"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,6 +107,44 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 			problems := configErrors(err)[tc.variable]
 			if !strings.Contains(strings.Join(problems, "\n"), tc.want) {
 				t.Errorf("loadConfig(%v): %s problems %q, want one saying %q (all: %v)", tc.env, tc.variable, problems, tc.want, err)
+			}
+		})
+	}
+}
+
+// TestConfigBreakerBackoffs: backoffs up to the 1s bound, the first no
+// longer than the last, are valid.
+func TestConfigBreakerBackoffs(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "1s"},
+		{"AUTHLIMIT_BREAKER_BACKOFF": "1s", "AUTHLIMIT_BREAKER_MAX_BACKOFF": "1s"},
+		{"AUTHLIMIT_BREAKER_BACKOFF": "1ms", "AUTHLIMIT_BREAKER_MAX_BACKOFF": "1ms"},
+	} {
+		if _, err := loadConfig(env); err != nil {
+			t.Errorf("loadConfig(%v): %v, want valid", env, err)
+		}
+	}
+}
+
+// TestCheckHeaders: -check names the headers authlimit reads, and with
+// AUTHLIMIT_URL_HEADER set, not the uri and host headers it then ignores.
+func TestCheckHeaders(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"defaults", map[string]string{}, "headers          method X-Forwarded-Method, uri X-Forwarded-Uri, host X-Forwarded-Host\n"},
+		{"url header", map[string]string{"AUTHLIMIT_URL_HEADER": "X-Original-URL", "AUTHLIMIT_METHOD_HEADER": "X-Original-Method"}, "headers          url X-Original-URL (host and uri), method X-Original-Method\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err, said := checkEnv(t, tc.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(said, tc.want) {
+				t.Errorf("-check with %v does not say %q:\n%s", tc.env, tc.want, said)
 			}
 		})
 	}
