@@ -48,6 +48,7 @@ type Redis struct {
 	onLost  func(n int, err error)
 
 	decideSHA, refundSHA string
+	decideSHAArg         any           // decideSHA as a command argument, boxed once
 	probe                *Policy       // Warm's decision: cost 2 under a limit of 1
 	seq                  atomic.Uint64 // request ids, from a random start
 
@@ -135,6 +136,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		refunds:   make(chan []refund, 1024),
 		stop:      make(chan struct{}),
 	}
+	r.decideSHAArg = r.decideSHA
 	r.cluster, _ = client.(*redis.ClusterClient)
 	r.probe, _ = NewPolicy(Spec{Name: "authlimit-probe", Algorithm: FixedWindow, Limit: 1, Window: time.Second})
 	var b [8]byte
@@ -164,41 +166,29 @@ func digest(src string) string {
 
 // Warm makes the store ready to decide without delay: it loads the scripts
 // into Redis (every primary, for a cluster) and opens every connection the
-// client's pool may hold (to every primary), so that the first burst of requests neither dials nor
-// falls back from EVALSHA to EVAL; then it makes one decision that reads a
-// key under the prefix and writes nothing, within the budget, to learn
-// whether decisions can be made: a replica, a user denied the prefix, or a
-// link slower than the budget fail it. Decide works without Warm.
+// client's pool may hold (that of every primary), so that the first burst
+// of requests neither dials nor falls back from EVALSHA to EVAL; then it
+// makes one decision that reads a key under the prefix and writes nothing,
+// within the budget, to learn whether decisions can be made: a replica, a
+// user denied the prefix, or a link slower than the budget fail it. Decide
+// works without Warm.
 func (r *Redis) Warm(ctx context.Context) error {
-	load := func(ctx context.Context, c *redis.Client) error {
+	scriptLoad := func(ctx context.Context, c *redis.Client) error {
 		for _, src := range []string{scripts.Decide, scripts.Refund} {
 			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
 				return fmt.Errorf("load script: %w", err)
 			}
 		}
-		// Hold every connection the pool may open, each pinged, so the
-		// pool has dialed them all; then give them back to it, idle. A
-		// full pool never dials again, not even to keep its minimum of
-		// idle connections while a burst has them all out, unless one
-		// breaks.
-		n := c.Options().PoolSize
-		held := make([]*redis.Conn, 0, n)
-		defer func() {
-			for _, cn := range held {
-				_ = cn.Close()
-			}
-		}()
-		for i := 0; i < n; i++ {
-			cn := c.Conn()
-			held = append(held, cn)
-			if err := cn.Ping(ctx).Err(); err != nil {
-				return fmt.Errorf("open connections: %w", err)
-			}
-		}
 		return nil
 	}
 	if r.cluster != nil {
-		if err := r.cluster.ForEachMaster(ctx, load); err != nil {
+		err := r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			if err := scriptLoad(ctx, c); err != nil {
+				return err
+			}
+			return r.fillPool(ctx, c)
+		})
+		if err != nil {
 			return err
 		}
 	} else {
@@ -206,11 +196,35 @@ func (r *Redis) Warm(ctx context.Context) error {
 		if !ok {
 			return fmt.Errorf("redis warm: unsupported client %T", r.client)
 		}
-		if err := load(ctx, c); err != nil {
+		if err := scriptLoad(ctx, c); err != nil {
+			return err
+		}
+		if err := r.fillPool(ctx, c); err != nil {
 			return err
 		}
 	}
 	return r.probeDecision(ctx)
+}
+
+// fillPool holds every connection a client's pool may open, each pinged,
+// so the pool has dialed them all; then gives them back to it, idle. A
+// full pool never dials again unless a connection breaks.
+func (r *Redis) fillPool(ctx context.Context, c *redis.Client) error {
+	n := c.Options().PoolSize
+	held := make([]*redis.Conn, 0, n)
+	defer func() {
+		for _, cn := range held {
+			_ = cn.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		cn := c.Conn()
+		held = append(held, cn)
+		if err := cn.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("open connections: %w", err)
+		}
+	}
+	return nil
 }
 
 // probeDecision decides one request that costs more than its policy ever

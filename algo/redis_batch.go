@@ -142,15 +142,18 @@ func (r *Redis) complete(c *call, err error) {
 	r.calls.Put(c)
 }
 
-// worker is one worker's reusable memory.
+// worker is one connection's turn to carry a batch, and its reusable
+// memory.
 type worker struct {
-	batch []*call
-	parts []*part
-	blob  []byte
-	reply bytes.Buffer
-	ints  []int64
-	seen  []uint32 // per policy id: the batch that last listed it
-	gen   uint32
+	deadline deadlineCtx
+	args     [4]any // evalsha, the digest, 0 keys, the batch
+	batch    []*call
+	parts    []*part
+	blob     []byte
+	reply    bytes.Buffer
+	ints     []int64
+	seen     []uint32 // per policy id: the batch that last listed it
+	gen      uint32
 }
 
 // lead sends a batch if a connection is free: whatever is queued, up to
@@ -250,12 +253,16 @@ func (r *Redis) run(w *worker, due time.Time) {
 	if !due.IsZero() {
 		deadline = due
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
 	if r.cluster != nil {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
 		r.runCluster(ctx, w, live)
 		return
 	}
+	// One call on one connection: its deadline is all the context it
+	// needs, and the worker's own costs no allocation and no timer.
+	w.deadline.at = deadline
+	ctx := &w.deadline
 	w.parts = w.parts[:0]
 	for _, c := range live {
 		w.parts = append(w.parts, &c.parts[0])
@@ -273,6 +280,16 @@ func (r *Redis) run(w *worker, due time.Time) {
 		r.complete(c, err)
 	}
 }
+
+// deadlineCtx is a context with a deadline and nothing else: no timer
+// cancels it, so it can be reused. It suits a single call on a client
+// that applies the deadline to the connection (ContextTimeoutEnabled).
+type deadlineCtx struct{ at time.Time }
+
+func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.at, true }
+func (c *deadlineCtx) Done() <-chan struct{}       { return nil }
+func (c *deadlineCtx) Err() error                  { return nil }
+func (c *deadlineCtx) Value(any) any               { return nil }
 
 // ErrUnreachable is wrapped by the error of a decision that was never
 // sent: Redis refused the connection, or no connection was free in time.
@@ -303,9 +320,13 @@ func classify(err error) error {
 // (a restart or a failover), and reads the reply into w.ints: the raw reply
 // goes into a buffer the worker reuses, so a batch allocates little.
 func (r *Redis) evalRaw(ctx context.Context, w *worker) error {
-	for _, how := range [2]struct{ cmd, script string }{{"evalsha", r.decideSHA}, {"eval", scripts.Decide}} {
+	w.args = [4]any{"evalsha", r.decideSHAArg, 0, w.blob}
+	for try := 0; try < 2; try++ {
+		if try == 1 {
+			w.args[0], w.args[1] = "eval", scripts.Decide
+		}
 		w.reply.Reset()
-		if err := r.client.Process(ctx, redis.NewRawWriteToCmd(ctx, &w.reply, how.cmd, how.script, 0, w.blob)); err != nil {
+		if err := r.client.Process(ctx, redis.NewRawWriteToCmd(ctx, &w.reply, w.args[:]...)); err != nil {
 			return err
 		}
 		b := w.reply.Bytes()

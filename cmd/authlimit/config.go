@@ -309,10 +309,11 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	base.DialTimeout = max(c.RedisTimeout, time.Second)
 	base.PoolTimeout = c.RedisTimeout
 	// REDIS_POOL_SIZE connections carry decisions, a batch each; a few more
-	// serve probes, pings and refunds. They are opened at start and kept,
-	// so that a burst never waits for a dial.
+	// serve probes, pings and refunds. Those that carry decisions are
+	// opened at start and kept, so that a burst never waits for a dial;
+	// the pool dials nothing in the background (no minimum of idle
+	// connections), so nothing dials during a burst.
 	base.PoolSize = c.RedisPoolSize + 4
-	base.MinIdleConns = c.RedisPoolSize
 	base.ConnMaxIdleTime = -1
 	base.ClientName = "authlimit"
 	// RESP2: authlimit needs no push messages, and go-redis looks for them
@@ -330,7 +331,6 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		DB:                    base.DB,
 		TLSConfig:             base.TLSConfig,
 		PoolSize:              base.PoolSize,
-		MinIdleConns:          base.MinIdleConns,
 		ConnMaxIdleTime:       base.ConnMaxIdleTime,
 		ContextTimeoutEnabled: true,
 		DialTimeout:           base.DialTimeout,
