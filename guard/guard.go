@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -126,6 +127,14 @@ type Options struct {
 	Clock func() time.Time
 }
 
+// scratch is the memory one remote decision works in, pooled: arrays on the
+// stack would escape to the heap through the calls on stores' interfaces.
+type scratch struct {
+	shards, ok [8]int
+	reqs       [8]algo.Request
+	res        [8]algo.Result
+}
+
 // Guard decides through a store that may fail. Build it with New; call
 // Start before serving and Close when done.
 type Guard struct {
@@ -143,6 +152,7 @@ type Guard struct {
 	clock    func() time.Time
 
 	breakers *breakers
+	scratch  sync.Pool // *scratch
 }
 
 // New validates opts and returns a Guard.
@@ -179,6 +189,7 @@ func New(opts Options) (*Guard, error) {
 		log:      opts.Logger,
 		clock:    opts.Clock,
 	}
+	g.scratch.New = func() any { return new(scratch) }
 	g.sharded, _ = opts.Store.(Sharded)
 	g.prober, _ = opts.Store.(Prober)
 	for i, p := range opts.Policies {
@@ -247,15 +258,16 @@ func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 		return ok, err
 	}
 
-	var shardBuf [8]int
-	shards := shardBuf[:0]
+	sc := g.scratch.Get().(*scratch)
+	defer g.scratch.Put(sc)
+	shards := sc.shards[:0]
 	if g.sharded != nil {
 		shards = g.sharded.Shards(shards, reqs)
 	} else {
 		shards = append(shards, 0)
 	}
 	if !g.breakers.allow(shards) {
-		return g.failMode.decide(g, ctx, reqs, res)
+		return g.failMode.decide(g, ctx, sc, reqs, res)
 	}
 	start := time.Now()
 	ok, err := g.store.Decide(ctx, reqs, res)
@@ -265,7 +277,7 @@ func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 		g.breakers.success(shards)
 		g.remember(reqs, res, now)
 		if ok {
-			g.mirror(ctx, reqs)
+			g.mirror(ctx, sc, reqs)
 		}
 		return ok, nil
 	case errors.Is(err, algo.ErrInvalid):
@@ -275,8 +287,7 @@ func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 	// A decision that failed on some shards only counts against those.
 	var se *algo.ShardError
 	if errors.As(err, &se) {
-		var okBuf [8]int
-		ok := okBuf[:0]
+		ok := sc.ok[:0]
 		for _, s := range shards {
 			if !slices.Contains(se.Shards, s) {
 				ok = append(ok, s)
@@ -292,13 +303,13 @@ func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 		// and answer with the fail mode.
 		g.metrics.unreachable.Inc()
 		g.breakers.trip(shards)
-		return g.failMode.decide(g, ctx, reqs, res)
+		return g.failMode.decide(g, ctx, sc, reqs, res)
 	case errors.Is(err, context.DeadlineExceeded):
 		g.metrics.timeouts.Inc()
 		// The call may still have been decided, and consumed, in the
 		// store: count it as consumed locally, so the fallback does not
 		// admit what the store may have admitted.
-		g.mirror(ctx, reqs)
+		g.mirror(ctx, sc, reqs)
 	default:
 		g.metrics.errors.Inc()
 	}
@@ -308,7 +319,7 @@ func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 }
 
 // decide answers with the fail mode.
-func (m FailMode) decide(g *Guard, ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error) {
+func (m FailMode) decide(g *Guard, ctx context.Context, sc *scratch, reqs []algo.Request, res []algo.Result) (bool, error) {
 	g.metrics.failMode[m].Inc()
 	switch m {
 	case FailOpen:
@@ -316,8 +327,7 @@ func (m FailMode) decide(g *Guard, ctx context.Context, reqs []algo.Request, res
 	case FailClosed:
 		return false, ErrUnavailable
 	}
-	var buf [8]algo.Request
-	local := g.localRequests(buf[:0], reqs)
+	local := g.localRequests(sc.reqs[:0], reqs)
 	start := time.Now()
 	ok, err := g.local.Decide(ctx, local, res)
 	g.metrics.localLatency.Observe(time.Since(start).Seconds())
@@ -339,14 +349,12 @@ func (g *Guard) localRequests(dst, reqs []algo.Request) []algo.Request {
 // mirror records in the local store a request the store admitted (or may
 // have), so that the local store, should it decide, continues from there.
 // A request the local store would deny leaves it as it is: full.
-func (g *Guard) mirror(ctx context.Context, reqs []algo.Request) {
+func (g *Guard) mirror(ctx context.Context, sc *scratch, reqs []algo.Request) {
 	if g.failMode != FailLocal {
 		return
 	}
-	var buf [8]algo.Request
-	var resBuf [8]algo.Result
-	local := g.localRequests(buf[:0], reqs)
-	res := resBuf[:]
+	local := g.localRequests(sc.reqs[:0], reqs)
+	res := sc.res[:]
 	if len(local) > len(res) {
 		res = make([]algo.Result, len(local))
 	}

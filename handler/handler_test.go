@@ -2,16 +2,19 @@ package handler
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/guard"
+	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
 )
 
@@ -298,6 +301,89 @@ func BenchmarkAuth(b *testing.B) {
 				for pb.Next() {
 					authRequest(ctx, ips[i%len(ips)])
 					h.Serve(ctx)
+					i++
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkAuthRedis measures one auth request through the handler, the
+// guard and the Redis store on a real redis-server, serially (a batch per
+// request) and in parallel (requests share batches): its allocs/op is the
+// request path's allocations per decision on Redis.
+func BenchmarkAuthRedis(b *testing.B) {
+	srv := redistest.New(b)
+	base, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	base.PoolSize, base.Protocol = algo.DefaultRedisConns+4, 2
+	client := redis.NewClient(base)
+	b.Cleanup(func() { _ = client.Close() })
+	for _, tc := range []struct{ name, rules string }{
+		{"rules=1", "name=a key=ip limit=1000000000/1m"},
+		{"rules=3", "name=a key=ip limit=1000000000/1m; name=b key=ip limit=1000000000/1h algorithm=token_bucket; name=c key=ip limit=1000000000/1d algorithm=gcra"},
+	} {
+		rs, err := rules.Parse(tc.rules)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var policies []*algo.Policy
+		for _, r := range rs {
+			policies = append(policies, r.Policy)
+		}
+		store := algo.NewRedis(client, algo.RedisOptions{Prefix: srv.Prefix(b), Timeout: time.Second})
+		b.Cleanup(func() { _ = store.Close() })
+		local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
+		b.Cleanup(func() { _ = local.Close() })
+		g, err := guard.New(guard.Options{
+			Store: store, Remote: true, Local: local, Policies: policies, DenyCacheSize: 1000,
+			BreakerFailures: 5, BreakerBackoff: 100 * time.Millisecond, BreakerMaxBackoff: 500 * time.Millisecond, ProbeTimeout: time.Second,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := g.Start(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(g.Close)
+		h, err := New(Options{
+			Rules: rs, Decider: g, Ready: g, Proxies: rules.Proxies{Trusted: defaultTrusted},
+			IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429,
+			MethodHeader: "X-Forwarded-Method", URIHeader: "X-Forwarded-Uri", HostHeader: "X-Forwarded-Host",
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ips := make([]string, 10_000)
+		for i := range ips {
+			ips[i] = netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}).String()
+		}
+		b.Run(tc.name+"/serial", func(b *testing.B) {
+			ctx := newCtx()
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				authRequest(ctx, ips[i%len(ips)])
+				h.Serve(ctx)
+				if ctx.Response.StatusCode() != 200 {
+					b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+				}
+			}
+		})
+		b.Run(tc.name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(16) // concurrent requests, as from a proxy's connections
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := newCtx()
+				i := 0
+				for pb.Next() {
+					authRequest(ctx, ips[i%len(ips)])
+					h.Serve(ctx)
+					if ctx.Response.StatusCode() != 200 {
+						b.Errorf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+						return
+					}
 					i++
 				}
 			})
