@@ -25,6 +25,9 @@ type flaky struct {
 	broken map[int]error
 	calls  int
 	probes int
+
+	probeTakes        time.Duration // how long a probe takes
+	inFlight, maxBusy int           // probes under way, and the most at once
 }
 
 func (f *flaky) shard(q *algo.Request) int { return int(q.Key[0]) % 2 }
@@ -63,8 +66,15 @@ func (f *flaky) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 
 func (f *flaky) Probe(_ context.Context, shard int) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.probes++
+	f.inFlight++
+	f.maxBusy = max(f.maxBusy, f.inFlight)
+	takes := f.probeTakes
+	f.mu.Unlock()
+	time.Sleep(takes)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inFlight--
 	return f.broken[shard]
 }
 
@@ -273,6 +283,31 @@ func TestProbeClosesTheCircuitWithoutTraffic(t *testing.T) {
 	}
 	if ready, detail := f.g.Ready(); !ready || detail != "ready" {
 		t.Errorf("Ready = %v %q", ready, detail)
+	}
+}
+
+// TestOneProbeAtATime: however many circuits are open and however slow
+// their probes, a replica has at most one probe under way, so a store that
+// comes back is not met by a flood.
+func TestOneProbeAtATime(t *testing.T) {
+	f := newFixture(t, FailLocal)
+	f.store.mu.Lock()
+	f.store.probeTakes = 15 * time.Millisecond // longer than the first backoffs
+	f.store.mu.Unlock()
+	f.store.breakShard(0, errDown)
+	f.store.breakShard(1, errDown)
+	f.decide(t, "a") // shard 1
+	f.decide(t, "b") // shard 0
+	waitFor(t, "several probes", func() bool {
+		f.store.mu.Lock()
+		defer f.store.mu.Unlock()
+		return f.store.probes >= 6
+	})
+	f.store.mu.Lock()
+	busy := f.store.maxBusy
+	f.store.mu.Unlock()
+	if busy != 1 {
+		t.Errorf("%d probes under way at once, want 1", busy)
 	}
 }
 
