@@ -8,8 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -497,29 +495,7 @@ server {
 }
 `, authlimit, backend, addr, ann["nginx.ingress.kubernetes.io/server-snippet"], authMethod,
 			ann["nginx.ingress.kubernetes.io/auth-snippet"], config)
-		writeFile(t, filepath.Join(dir, "site.conf"), site)
-		var main strings.Builder
-		if os.Geteuid() == 0 {
-			main.WriteString("user root;\n")
-		}
-		fmt.Fprintf(&main, `daemon off;
-worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log info;
-events { worker_connections 1024; }
-http {
-    access_log %[1]s/access.log;
-    client_body_temp_path %[1]s/body;
-    proxy_temp_path %[1]s/proxy;
-    fastcgi_temp_path %[1]s/fastcgi;
-    uwsgi_temp_path %[1]s/uwsgi;
-    scgi_temp_path %[1]s/scgi;
-    include %[1]s/site.conf;
-}
-`, dir)
-		writeFile(t, filepath.Join(dir, "nginx.conf"), main.String())
-		p := start(t, "ingress-nginx", bins.nginx, []string{"-p", dir, "-e", filepath.Join(dir, "startup.log"), "-c", filepath.Join(dir, "nginx.conf")}, nil, dir)
-		waitProxy(t, p, addr, filepath.Join(dir, "error.log"))
+		runNginx(t, "ingress-nginx", dir, addr, site, false)
 		return addr
 	}
 }

@@ -383,15 +383,7 @@ func logTotal(t *testing.T, cc *redis.ClusterClient, prefix, rule, tag string) i
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pattern := fmt.Sprintf("%s:%s:{%s}:*", prefix, rule, tag)
-	var keys []string
-	var mu sync.Mutex
-	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-		found, err := c.Keys(ctx, pattern).Result()
-		mu.Lock()
-		keys = append(keys, found...)
-		mu.Unlock()
-		return err
-	})
+	keys, err := clusterKeys(ctx, cc, pattern)
 	if err != nil {
 		t.Fatalf("find %s: %v", pattern, err)
 	}
@@ -421,6 +413,20 @@ func logTotal(t *testing.T, cc *redis.ClusterClient, prefix, rule, tag string) i
 	return hi - lo
 }
 
+// clusterKeys returns the keys matching pattern on every primary.
+func clusterKeys(ctx context.Context, cc *redis.ClusterClient, pattern string) ([]string, error) {
+	var keys []string
+	var mu sync.Mutex
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		found, err := c.Keys(ctx, pattern).Result()
+		mu.Lock()
+		keys = append(keys, found...)
+		mu.Unlock()
+		return err
+	})
+	return keys, err
+}
+
 // recordRow records *row in the fault table when t ends, with what the
 // test had filled in by then (a failed test's row is marked so).
 func recordRow(t *testing.T, row *faultlog.Row) {
@@ -438,16 +444,7 @@ func logEntries(t *testing.T, cc *redis.ClusterClient, prefix, rule, tag string)
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pattern := fmt.Sprintf("%s:%s:{%s}:*", prefix, rule, tag)
-	var keys []string
-	var mu sync.Mutex
-	_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-		found, err := c.Keys(ctx, pattern).Result()
-		mu.Lock()
-		keys = append(keys, found...)
-		mu.Unlock()
-		return err
-	})
+	keys, _ := clusterKeys(ctx, cc, fmt.Sprintf("%s:%s:{%s}:*", prefix, rule, tag))
 	if len(keys) != 1 {
 		return nil
 	}

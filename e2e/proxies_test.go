@@ -62,16 +62,30 @@ func startNginx(lua bool) func(t *testing.T, authlimit, backend, variant string)
 			}
 			site = strings.ReplaceAll(site, "#failopen ", "")
 		}
-		writeFile(t, filepath.Join(dir, "site.conf"), site)
-		var main strings.Builder
-		if os.Geteuid() == 0 {
-			main.WriteString("user root;\n") // workers must write the test's temp dirs
-		}
+		name := "nginx"
 		if lua {
-			main.WriteString("load_module /usr/lib/nginx/modules/ndk_http_module.so;\n")
-			main.WriteString("load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n")
+			name = "openresty"
 		}
-		fmt.Fprintf(&main, `daemon off;
+		runNginx(t, name, dir, addr, site, lua)
+		return addr
+	}
+}
+
+// runNginx starts nginx in dir with site included in a minimal nginx.conf,
+// as a user would include it in theirs (with the Lua module if lua), and
+// waits until addr answers.
+func runNginx(t *testing.T, name, dir, addr, site string, lua bool) {
+	t.Helper()
+	writeFile(t, filepath.Join(dir, "site.conf"), site)
+	var main strings.Builder
+	if os.Geteuid() == 0 {
+		main.WriteString("user root;\n") // workers must write the test's temp dirs
+	}
+	if lua {
+		main.WriteString("load_module /usr/lib/nginx/modules/ndk_http_module.so;\n")
+		main.WriteString("load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n")
+	}
+	fmt.Fprintf(&main, `daemon off;
 worker_processes 1;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log info;
@@ -86,15 +100,9 @@ http {
     include %[1]s/site.conf;
 }
 `, dir)
-		writeFile(t, filepath.Join(dir, "nginx.conf"), main.String())
-		name := "nginx"
-		if lua {
-			name = "openresty"
-		}
-		p := start(t, name, bins.nginx, []string{"-p", dir, "-e", filepath.Join(dir, "startup.log"), "-c", filepath.Join(dir, "nginx.conf")}, nil, dir)
-		waitProxy(t, p, addr, filepath.Join(dir, "error.log"))
-		return addr
-	}
+	writeFile(t, filepath.Join(dir, "nginx.conf"), main.String())
+	p := start(t, name, bins.nginx, []string{"-p", dir, "-e", filepath.Join(dir, "startup.log"), "-c", filepath.Join(dir, "nginx.conf")}, nil, dir)
+	waitProxy(t, p, addr, filepath.Join(dir, "error.log"))
 }
 
 func render2(t *testing.T, s, old, new string) string {
