@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -62,7 +61,7 @@ func openConns(addr string) (int, error) {
 	if ip == nil || err != nil {
 		return 0, fmt.Errorf("want a numeric host:port, got %q", addr)
 	}
-	inodes, err := socketInodes()
+	inodes, err := processSocketInodes("/proc/self")
 	if err != nil {
 		return 0, err
 	}
@@ -79,26 +78,6 @@ func openConns(addr string) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// socketInodes returns the inodes of the sockets behind /proc/self/fd.
-func socketInodes() (map[string]bool, error) {
-	dir := "/proc/self/fd"
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("list open files: %w", err)
-	}
-	inodes := map[string]bool{}
-	for _, e := range entries {
-		link, err := os.Readlink(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue // closed meanwhile
-		}
-		if inode, ok := strings.CutPrefix(link, "socket:["); ok {
-			inodes[strings.TrimSuffix(inode, "]")] = true
-		}
-	}
-	return inodes, nil
 }
 
 // procSocket is one line of /proc/net/tcp.
