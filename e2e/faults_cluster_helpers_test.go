@@ -413,6 +413,27 @@ func logTotal(t *testing.T, cc *redis.ClusterClient, prefix, rule, tag string) i
 	return hi - lo
 }
 
+// waitBackOnRedis waits until some client's answer sent after the fault
+// was decided by Redis, and returns when the first such request was sent
+// and when its answer came.
+func waitBackOnRedis(t *testing.T, ld *load, lim limits, clients []loadClient, fault time.Time) (sent, answered time.Time) {
+	t.Helper()
+	waitUntil(t, clusterRecoveryTarget+5*time.Second, func() error {
+		for _, c := range clients {
+			for _, a := range ld.answers(c) {
+				if a.sent.After(fault) && lim.of(a) == byRedis && (sent.IsZero() || a.sent.Before(sent)) {
+					sent, answered = a.sent, a.sent.Add(a.took)
+				}
+			}
+		}
+		if answered.IsZero() {
+			return fmt.Errorf("no decision by Redis %v after the fault", time.Since(fault).Round(time.Millisecond))
+		}
+		return nil
+	})
+	return sent, answered
+}
+
 // clusterKeys returns the keys matching pattern on every primary.
 func clusterKeys(ctx context.Context, cc *redis.ClusterClient, pattern string) ([]string, error) {
 	var keys []string

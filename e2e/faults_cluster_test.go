@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -132,20 +131,7 @@ func clusterFailover(t *testing.T, fullCoverage bool, opts ...redistest.Option) 
 	// sent after the kill; the failover lasts until that request was sent,
 	// and recovery is when its answer came.
 	killed := append(append([]loadClient(nil), steady...), fresh...)
-	var backSent, backAt time.Time
-	waitUntil(t, clusterRecoveryTarget+5*time.Second, func() error {
-		for _, c := range killed {
-			for _, a := range ld.answers(c) {
-				if a.sent.After(killedAt) && lim.of(a) == byRedis && (backSent.IsZero() || a.sent.Before(backSent)) {
-					backSent, backAt = a.sent, a.sent.Add(a.took)
-				}
-			}
-		}
-		if backAt.IsZero() {
-			return fmt.Errorf("no key of the killed master decided by Redis %v after the kill (promotion after %v)", time.Since(killedAt).Round(time.Millisecond), took.Round(time.Millisecond))
-		}
-		return nil
-	})
+	backSent, backAt := waitBackOnRedis(t, ld, lim, killed, killedAt)
 	// Run on long enough for the fresh clients to use their whole quota in
 	// Redis too.
 	ld.waitAnswers(t, ld.count(fresh[0])+n+10, 30*time.Second, fresh...)
@@ -641,20 +627,7 @@ func multiRuleFailover(t *testing.T) {
 	killedAt := time.Now()
 	successor, took := topo.WaitFailover(t, victim, 30*time.Second)
 	t.Logf("failover: %s killed, %s promoted %v later", victim, successor, took.Round(time.Millisecond))
-	var backSent, backAt time.Time
-	waitUntil(t, clusterRecoveryTarget+5*time.Second, func() error {
-		for _, c := range clients {
-			for _, a := range ld.answers(c) {
-				if a.sent.After(killedAt) && lim.of(a) == byRedis && (backSent.IsZero() || a.sent.Before(backSent)) {
-					backSent, backAt = a.sent, a.sent.Add(a.took)
-				}
-			}
-		}
-		if backAt.IsZero() {
-			return errors.New("no decision by Redis since the kill")
-		}
-		return nil
-	})
+	backSent, backAt := waitBackOnRedis(t, ld, lim, clients, killedAt)
 	ld.waitAnswers(t, ld.count(clients[0])+60, 30*time.Second, clients...)
 	ld.halt()
 
