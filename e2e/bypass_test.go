@@ -344,34 +344,7 @@ func ingressAnnotations(t *testing.T) map[string]string {
 // deploy/kubernetes/authlimit.yaml.
 func deploymentEnv(t *testing.T) map[string]string {
 	t.Helper()
-	dec := yaml.NewDecoder(strings.NewReader(string(readRepo(t, "deploy/kubernetes/authlimit.yaml"))))
-	for {
-		var doc struct {
-			Kind string `yaml:"kind"`
-			Spec struct {
-				Template struct {
-					Spec struct {
-						Containers []struct {
-							Name string `yaml:"name"`
-							Env  []struct{ Name, Value string }
-						} `yaml:"containers"`
-					} `yaml:"spec"`
-				} `yaml:"template"`
-			} `yaml:"spec"`
-		}
-		if err := dec.Decode(&doc); err != nil {
-			t.Fatalf("deploy/kubernetes/authlimit.yaml: no authlimit Deployment (%v)", err)
-		}
-		for _, c := range doc.Spec.Template.Spec.Containers {
-			if doc.Kind == "Deployment" && c.Name == "authlimit" {
-				env := map[string]string{}
-				for _, e := range c.Env {
-					env[e.Name] = e.Value
-				}
-				return env
-			}
-		}
-	}
+	return authlimitDeployment(t).env
 }
 
 // ingressNginx is ingress-nginx as far as authlimit can tell: nginx with a

@@ -113,8 +113,27 @@ func TestDockerfileBuildsLikeCI(t *testing.T) {
 }
 
 func TestKubernetesDeploymentConfig(t *testing.T) {
+	c := authlimitDeployment(t)
+	out := check(t, c.env)
+	if !strings.Contains(out, "deny status      403") {
+		t.Errorf("the ingress-nginx deployment must deny with 403:\n%s", out)
+	}
+	if c.liveness != "/healthz" || c.readiness != "/readyz" {
+		t.Errorf("probes %q and %q, want /healthz and /readyz", c.liveness, c.readiness)
+	}
+}
+
+// deployedContainer is the authlimit container of the shipped Deployment.
+type deployedContainer struct {
+	env                 map[string]string
+	liveness, readiness string // the probes' paths
+}
+
+// authlimitDeployment reads the authlimit container from
+// deploy/kubernetes/authlimit.yaml.
+func authlimitDeployment(t *testing.T) deployedContainer {
+	t.Helper()
 	dec := yaml.NewDecoder(strings.NewReader(string(readRepo(t, "deploy/kubernetes/authlimit.yaml"))))
-	found := false
 	for {
 		var doc struct {
 			Kind string `yaml:"kind"`
@@ -139,27 +158,17 @@ func TestKubernetesDeploymentConfig(t *testing.T) {
 			} `yaml:"spec"`
 		}
 		if err := dec.Decode(&doc); err != nil {
-			break
+			t.Fatalf("deploy/kubernetes/authlimit.yaml: no authlimit Deployment (%v)", err)
 		}
 		for _, c := range doc.Spec.Template.Spec.Containers {
 			if doc.Kind != "Deployment" || c.Name != "authlimit" {
 				continue
 			}
-			found = true
-			env := map[string]string{}
+			d := deployedContainer{env: map[string]string{}, liveness: c.LivenessProbe.HTTPGet.Path, readiness: c.ReadinessProbe.HTTPGet.Path}
 			for _, e := range c.Env {
-				env[e.Name] = e.Value
+				d.env[e.Name] = e.Value
 			}
-			out := check(t, env)
-			if !strings.Contains(out, "deny status      403") {
-				t.Errorf("the ingress-nginx deployment must deny with 403:\n%s", out)
-			}
-			if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
-				t.Errorf("probes %q and %q, want /healthz and /readyz", c.LivenessProbe.HTTPGet.Path, c.ReadinessProbe.HTTPGet.Path)
-			}
+			return d
 		}
-	}
-	if !found {
-		t.Fatal("deploy/kubernetes/authlimit.yaml has no authlimit Deployment")
 	}
 }
