@@ -42,9 +42,21 @@ func proxyNamed(t *testing.T, name string) proxy {
 	return proxy{}
 }
 
+// byteCountingProxies are the proxies whose shipped files pass the body's
+// length for byte-counting rules: nginx's and OpenResty's as
+// X-Original-Content-Length from $content_length, Caddy's from the
+// request's Content-Length (header_up). Traefik's forwardAuth cannot set
+// it.
+var byteCountingProxies = []string{"nginx", "openresty", "caddy"}
+
 // forBypassProxies runs f behind each of bypassProxies, in parallel.
 func forBypassProxies(t *testing.T, f func(t *testing.T, px proxy)) {
-	for _, name := range bypassProxies {
+	forProxies(t, bypassProxies, f)
+}
+
+// forProxies runs f behind each of the named proxies, in parallel.
+func forProxies(t *testing.T, names []string, f func(t *testing.T, px proxy)) {
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			f(t, proxyNamed(t, name))
@@ -223,8 +235,22 @@ name=stream key=ip limit=5000/1h cost=header:X-Original-Content-Length cost_miss
 // body's length, through the proxy, whatever the client claims; a chunked
 // body (no length) is refused or charged the rule's cost_missing; an empty
 // body is not an invalid cost and is charged nothing.
+// TestBypassClaimedLengthBehindTraefik: Traefik cannot pass the body's
+// length, and its shipped file drops the length a client claims, so a
+// byte-counting rule refuses (cost_missing=deny) rather than believes it.
+func TestBypassClaimedLengthBehindTraefik(t *testing.T) {
+	px := proxyNamed(t, "traefik")
+	s := newStack(t, px, uploadRules, "")
+	r := rawDo(t, "127.0.1.5", s.proxy[0], rawRequest("POST /upload HTTP/1.1", strings.Repeat("b", 5000),
+		"Host", "localhost", "Content-Length", "5000", "X-Original-Content-Length", "1"))
+	checkDenial(t, px, "5000-byte POST claiming 1 byte", r, "missing-cost")
+	if got := s.backend.count("/upload"); got != 0 {
+		t.Errorf("%d POSTs reached /upload, want 0", got)
+	}
+}
+
 func TestBypassByteCounting(t *testing.T) {
-	forBypassProxies(t, func(t *testing.T, px proxy) {
+	forProxies(t, byteCountingProxies, func(t *testing.T, px proxy) {
 		s := newStack(t, px, uploadRules, "")
 		addr := s.proxy[0]
 		post := func(ip, path string, size int, headers ...string) result {
