@@ -334,11 +334,7 @@ func TestFaultClusterReshard(t *testing.T) {
 		}
 		defer recordRow(t, &row)
 		clients := clientsOf(ips)
-		before := scrapeMetrics(t, al)
-		ld := newLoad(newAsker(al))
-		t.Cleanup(ld.halt)
-		ld.start(100*time.Millisecond, clients...)
-		ld.waitAnswers(t, 5, 30*time.Second, clients...)
+		ld, before := startReshardLoad(t, al, clients)
 		start := time.Now()
 		moved := topo.Reshard(t, from, to, slots, 10)
 		took := time.Since(start)
@@ -374,11 +370,7 @@ func TestFaultClusterReshard(t *testing.T) {
 		}
 		defer recordRow(t, &row)
 		clients := clientsOf(ips)
-		before := scrapeMetrics(t, al)
-		ld := newLoad(newAsker(al))
-		t.Cleanup(ld.halt)
-		ld.start(100*time.Millisecond, clients...)
-		ld.waitAnswers(t, 5, 30*time.Second, clients...)
+		ld, before := startReshardLoad(t, al, clients)
 		m := topo.BeginMigration(t, slot, to)
 		start := time.Now()
 		steps := []string{}
@@ -398,6 +390,18 @@ func TestFaultClusterReshard(t *testing.T) {
 			slot, held.Round(time.Millisecond), strings.Join(steps, ", "), sentBetween(ld, clients, start, start.Add(held)))
 		row.WorstLatency = worstOf(ld, clients)
 	})
+}
+
+// startReshardLoad notes the metrics, then starts the clients asking every
+// 100ms, and returns once each has had 5 answers.
+func startReshardLoad(t *testing.T, al *authlimit, clients []loadClient) (*load, map[string]float64) {
+	t.Helper()
+	before := scrapeMetrics(t, al)
+	ld := newLoad(newAsker(al))
+	t.Cleanup(ld.halt)
+	ld.start(100*time.Millisecond, clients...)
+	ld.waitAnswers(t, 5, 30*time.Second, clients...)
+	return ld, before
 }
 
 // ruleName is the rule (and path) name of an algorithm's rule.
