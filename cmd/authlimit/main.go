@@ -111,7 +111,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		defer stopPprof()
 	}
 
-	return a.serve(ctx, newListener(l, s.MaxHeaderBytes), s.ShutdownTimeout)
+	return a.serve(ctx, newListener(l, s.MaxHeaderBytes, a.accepted), s.ShutdownTimeout)
 }
 
 // app is a configured authlimit: the handler, its server and its stores.
@@ -121,6 +121,9 @@ type app struct {
 	server  *fasthttp.Server
 	log     *slog.Logger
 	closers []func() error
+	// accepted counts the connections the decision listener accepts (see
+	// newListener).
+	accepted prometheus.Counter
 }
 
 // serve answers on l until ctx ends, then shuts down: it stops accepting,
@@ -165,6 +168,14 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// A proxy that keeps its connections to authlimit alive opens a few and
+	// reuses them: a count that grows with the requests means it does not
+	// (nginx auth_request without proxy_method HEAD, on every denial).
+	a.accepted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "authlimit_connections_accepted_total",
+		Help: "Connections the decision listener accepted. Behind a proxy that keeps connections alive it grows far slower than authlimit_requests_total.",
+	})
+	reg.MustRegister(a.accepted)
 	var policies []*algo.Policy
 	for _, r := range s.rules {
 		policies = append(policies, r.Policy)
@@ -329,19 +340,21 @@ func isTimeout(err error) bool {
 }
 
 // listener is the server's listener. It keeps the connections it accepts,
-// so that shutdown can close those that never sent a byte, and wraps each
-// in a conn.
+// so that shutdown can close those that never sent a byte, wraps each in a
+// conn, and counts them.
 type listener struct {
 	net.Listener
-	maxHeader int // the largest header block: fasthttp refuses larger ones itself
+	maxHeader int                // the largest header block: fasthttp refuses larger ones itself
+	accepted  prometheus.Counter // every connection accepted
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
 	shutting bool
 }
 
-func newListener(l net.Listener, maxHeader int) *listener {
-	return &listener{Listener: l, maxHeader: maxHeader, conns: map[*conn]struct{}{}}
+// newListener wraps l; accepted counts every connection it accepts.
+func newListener(l net.Listener, maxHeader int, accepted prometheus.Counter) *listener {
+	return &listener{Listener: l, maxHeader: maxHeader, accepted: accepted, conns: map[*conn]struct{}{}}
 }
 
 // Accept returns the next connection; once shutdown began, it closes new
@@ -352,6 +365,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		l.accepted.Inc()
 		c := &conn{Conn: nc, l: l, scanning: true}
 		l.mu.Lock()
 		shutting := l.shutting

@@ -64,7 +64,7 @@ func TestShutdownClosesIdleConnectionsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newListener(tcp, s.MaxHeaderBytes)
+	l := newListener(tcp, s.MaxHeaderBytes, a.accepted)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	served := make(chan error, 1)
@@ -233,5 +233,67 @@ func TestHeaderEndInPieces(t *testing.T) {
 	c := &conn{l: &listener{maxHeader: 64}, scanning: true}
 	if c.bareLF([]byte("GET / HTTP/1.1\r\nX: " + strings.Repeat("y", 100))); c.scanning || c.head != nil {
 		t.Errorf("conn keeps reading a header block beyond maxHeader: scanning %v, %d bytes kept", c.scanning, len(c.head))
+	}
+}
+
+// TestConnectionsAcceptedCounted: authlimit_connections_accepted_total
+// counts connections, not requests. Denials answered to HEAD, as nginx
+// sends its auth subrequests with proxy_method HEAD, carry no body, so the
+// connection that carried them serves the next request: behind such a
+// proxy the count stays at the proxy's few connections.
+func TestConnectionsAcceptedCounted(t *testing.T) {
+	app := startApp(t, map[string]string{"AUTHLIMIT_RULES": "name=a limit=2/1m", "AUTHLIMIT_DENY_STATUS": "403"})
+	send := func(c net.Conn, br *bufio.Reader, method string) (*http.Response, string) {
+		t.Helper()
+		req := method + " /auth HTTP/1.1\r\nHost: authlimit\r\nX-Forwarded-For: 203.0.113.7\r\nX-Forwarded-Method: GET\r\n\r\n"
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		r, err := http.ReadResponse(br, &http.Request{Method: method})
+		if err != nil {
+			t.Fatalf("%s /auth: %v", method, err)
+		}
+		body, _ := io.ReadAll(r.Body)
+		return r, string(body)
+	}
+	dial := func() (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, err := app.ln.Dial()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+
+	// One connection: 2 allowed, then 8 denied, all HEAD, then a GET
+	// whose answer is read right only if no HEAD answer had a body.
+	c, br := dial()
+	for i := 0; i < 10; i++ {
+		want := 200
+		if i >= 2 {
+			want = 403
+		}
+		r, body := send(c, br, "HEAD")
+		if r.StatusCode != want || body != "" || r.Close {
+			t.Fatalf("HEAD %d: %d, body %q, Connection: close %v; want %d, no body, kept open", i+1, r.StatusCode, body, r.Close, want)
+		}
+	}
+	if r, body := send(c, br, "GET"); r.StatusCode != 403 || !strings.Contains(body, "urn:authlimit:rate-limited") {
+		t.Fatalf("GET after the HEAD denials on one connection: %d %q, want 403 with the problem body", r.StatusCode, body)
+	}
+	// A second connection, three requests.
+	c2, br2 := dial()
+	for i := 0; i < 3; i++ {
+		send(c2, br2, "GET")
+	}
+
+	// The scrape comes on a third connection.
+	if got, want := metric(t, app, "authlimit_connections_accepted_total"), 3.0; got != want {
+		t.Errorf("authlimit_connections_accepted_total = %v after 14 requests on 2 connections and a scrape on a third, want %v", got, want)
+	}
+	if got := metric(t, app, `authlimit_requests_total{result="denied"}`); got != 12 {
+		t.Errorf(`authlimit_requests_total{result="denied"} = %v, want 12`, got)
 	}
 }

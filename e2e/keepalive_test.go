@@ -1,0 +1,70 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestNginxReusesConnections: behind nginx/example.conf and
+// nginx/openresty.conf, as shipped, nginx keeps its connections to
+// authlimit and reuses them for allowed and denied requests alike, so
+// authlimit accepts a handful of connections, not one per request.
+// auth_request never reads the subrequest's body, and nginx does not keep
+// a connection whose answer it has not read whole: example.conf sends its
+// subrequests as HEAD (proxy_method HEAD), whose answers have no body;
+// without it every denial (403 with a problem+json body) costs a new
+// connection. OpenResty's ngx.location.capture reads the body itself.
+func TestNginxReusesConnections(t *testing.T) {
+	const (
+		limit   = 5
+		over    = 200 // denials of the one client far over its limit
+		others  = 20  // other clients, allowed
+		maxConn = 8
+	)
+	forBypassProxies(t, func(t *testing.T, px proxy) {
+		s := newStack(t, px, fmt.Sprintf("name=per-ip key=ip limit=%d/1m", limit), "")
+		a := s.authlimit[0]
+		before := scrape(t, a.addr)
+
+		c := newClient("127.0.0.40")
+		for i := 0; i < limit+over; i++ {
+			want := 200
+			if i >= limit {
+				want = 429
+			}
+			if r := c.do(t, "GET", s.url(0, "/keepalive"), nil); r.status != want {
+				t.Fatalf("request %d of the client over its limit: %d %q, want %d", i+1, r.status, firstLine(r.body), want)
+			}
+		}
+		for i := 0; i < others; i++ {
+			o := newClient(fmt.Sprintf("127.0.2.%d", 10+i))
+			if r := o.do(t, "GET", s.url(0, "/keepalive"), nil); r.status != 200 {
+				t.Fatalf("client %s: %d %q, want 200", o.ip, r.status, firstLine(r.body))
+			}
+		}
+
+		after := scrape(t, a.addr)
+		if after["authlimit_connections_accepted_total"] < 1 {
+			t.Fatalf("authlimit exports no authlimit_connections_accepted_total, or counted none of the harness's own connections")
+		}
+		delta := func(name string) float64 { return after.sum(name) - before.sum(name) }
+		if got, want := delta(`authlimit_requests_total{result="denied"}`), float64(over); got != want {
+			t.Errorf("authlimit denied %v requests, want %v", got, want)
+		}
+		if got, want := delta(`authlimit_requests_total{result="allowed"}`), float64(limit+others); got != want {
+			t.Errorf("authlimit allowed %v requests, want %v", got, want)
+		}
+		// The scrapes come on a connection of their own, maybe two.
+		if got := delta("authlimit_connections_accepted_total"); got > maxConn {
+			t.Errorf("authlimit accepted %v connections for %d requests through %s, want at most %d: nginx does not keep its connections to authlimit",
+				got, limit+over+others, px.name, maxConn)
+		} else {
+			t.Logf("%s: %v connections accepted for %d requests", px.name, got, limit+over+others)
+		}
+		if got := s.backend.count("/keepalive"); got != limit+others {
+			t.Errorf("%d requests reached the backend, want %d", got, limit+others)
+		}
+	})
+}
