@@ -162,28 +162,63 @@ func startNginxAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	in, err := startNginxAuth(ctx, e, al, alAddr)
+	if err != nil {
+		return nil, fmt.Errorf("nginx-authlimit-redis: %w", err)
+	}
+	in.metrics = []string{"http://" + alAddr + "/metrics"}
+	return in, nil
+}
+
+// startNginxAuthNull is nginx-authlimit-redis with the null server in
+// authlimit's place, answering 200 to every subrequest at once: what the
+// auth_request hop costs nginx and an auth server that does nothing, the
+// ceiling of any auth server behind the same configuration.
+func startNginxAuthNull(ctx context.Context, e *runEnv) (*instance, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p, err := startProc(e.dir, "null", e.o.selfBinary, []string{"serve-null", "-listen", addr}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(ctx, "null server", readyTimeout, wantStatus("http://"+addr+"/", 200), p); err != nil {
+		p.stop()
+		return nil, err
+	}
+	in, err := startNginxAuth(ctx, e, p, addr)
+	if err != nil {
+		return nil, fmt.Errorf("nginx-auth-null: %w", err)
+	}
+	return in, nil
+}
+
+// startNginxAuth starts nginx with the shipped configuration in front of
+// the auth server auth, listening on authAddr. It stops auth if nginx does
+// not start.
+func startNginxAuth(ctx context.Context, e *runEnv, auth *proc, authAddr string) (*instance, error) {
 	addr, err1 := freeAddr()
 	backend, err2 := freeAddr()
 	conf, err3 := os.ReadFile(e.o.nginxConf)
 	if err := firstError(err1, err2, err3); err != nil {
-		al.stop()
-		return nil, fmt.Errorf("nginx-authlimit-redis: %w", err)
+		auth.stop()
+		return nil, err
 	}
 	site, err := render(string(conf),
-		"server authlimit:8080;", "server "+alAddr+";",
+		"server authlimit:8080;", "server "+authAddr+";",
 		"server backend:80;", "server "+backend+";",
 		"listen 8080;", "listen "+addr+";",
 		"        proxy_pass http://backend;\n        proxy_set_header Host $host;\n", "        root "+e.dir+"/html;\n        proxy_set_header Host $host;\n")
 	if err != nil {
-		al.stop()
+		auth.stop()
 		return nil, fmt.Errorf("render %s: %w", e.o.nginxConf, err)
 	}
-	in, err := startNginx(ctx, e, addr, site, false, al)
+	in, err := startNginx(ctx, e, addr, site, false, auth)
 	if err != nil {
-		al.stop()
+		auth.stop()
 		return nil, err
 	}
-	in.metrics = []string{"http://" + alAddr + "/metrics"}
 	return in, nil
 }
 

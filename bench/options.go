@@ -54,7 +54,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.ips, "ips", 10000, "distinct client IPs of the ips workload and of the memory measurement")
 	fs.StringVar(&o.nginx, "nginx", "nginx", "nginx binary (nginx systems are skipped if it is missing)")
 	fs.StringVar(&o.redis, "redis-server", "redis-server", "redis-server binary")
-	fs.StringVar(&o.nginxConf, "nginx-conf", "nginx/example.conf", "the shipped nginx auth_request config, for nginx-authlimit-redis")
+	fs.StringVar(&o.nginxConf, "nginx-conf", "nginx/example.conf", "the shipped nginx auth_request config, for nginx-authlimit-redis and nginx-auth-null")
 	fs.StringVar(&o.out, "out", "bench/RESULTS.md", "results file, written at the end of a complete run")
 	fs.BoolVar(&o.memory, "memory", true, "measure Redis memory per key for each algorithm")
 	fs.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks (go test -bench)")

@@ -19,7 +19,7 @@ const luaModule = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 func systemNames() []string {
 	return []string{
 		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3",
-		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-authlimit-redis",
+		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
 	}
 }
 
@@ -98,6 +98,7 @@ func catalogue() []system {
 		{name: "nginx", about: "nginx alone serving a small static file", nginx: true, path: "/", start: startNginxStatic},
 		{name: "nginx-limit_req", about: "nginx `limit_req` per client address (rate=100r/s burst=200 nodelay) in front of the static file", nginx: true, path: "/", start: startNginxLimitReq},
 		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: "/", start: startNginxLuaRedis},
+		{name: "nginx-auth-null", about: "nginx with the shipped nginx/example.conf, as nginx-authlimit-redis, but the null server in authlimit's place (200 to every subrequest): the auth_request hop alone, the ceiling of any auth server behind it", nginx: true, path: "/", start: startNginxAuthNull},
 		{name: "nginx-authlimit-redis", about: "nginx with the shipped nginx/example.conf: auth_request → authlimit (AUTHLIMIT_DENY_STATUS=403) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, usesRedis: true, path: "/", start: startNginxAuthlimit},
 	}
 }
