@@ -175,16 +175,8 @@ func startNginxAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
 // auth_request hop costs nginx and an auth server that does nothing, the
 // ceiling of any auth server behind the same configuration.
 func startNginxAuthNull(ctx context.Context, e *runEnv) (*instance, error) {
-	addr, err := freeAddr()
+	p, addr, err := startNullServer(ctx, e)
 	if err != nil {
-		return nil, err
-	}
-	p, err := startProc(e.dir, "null", e.o.selfBinary, []string{"serve-null", "-listen", addr}, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := waitReady(ctx, "null server", readyTimeout, wantStatus("http://"+addr+"/", 200), p); err != nil {
-		p.stop()
 		return nil, err
 	}
 	in, err := startNginxAuth(ctx, e, p, addr)

@@ -127,20 +127,29 @@ func selectSystems(o *options) ([]system, []string) {
 }
 
 func startNull(ctx context.Context, e *runEnv) (*instance, error) {
-	addr, err := freeAddr()
+	p, addr, err := startNullServer(ctx, e)
 	if err != nil {
 		return nil, err
+	}
+	return &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}, nil
+}
+
+// startNullServer starts `bench serve-null` on a free loopback port and
+// waits until it answers.
+func startNullServer(ctx context.Context, e *runEnv) (*proc, string, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, "", err
 	}
 	p, err := startProc(e.dir, "null", e.o.selfBinary, []string{"serve-null", "-listen", addr}, nil)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	in := &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}
 	if err := waitReady(ctx, "null server", readyTimeout, wantStatus("http://"+addr+"/", 200), p); err != nil {
-		in.stop()
-		return nil, err
+		p.stop()
+		return nil, "", err
 	}
-	return in, nil
+	return p, addr, nil
 }
 
 func startNaive(ctx context.Context, e *runEnv) (*instance, error) {
