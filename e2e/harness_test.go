@@ -34,6 +34,7 @@ const traefikVersion = "v3.6.12"
 // bins are the programs under test, found (or built) once by TestMain.
 var bins struct {
 	repo      string
+	dir       string // the temporary directory authlimit is built into
 	authlimit string
 	redis     string
 	nginx     string
@@ -46,9 +47,20 @@ var bins struct {
 var faults = faultlog.New("make e2e")
 
 func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+// run runs the suite and removes the build directory, whatever the
+// outcome; TestMain exits with its code.
+func run(m *testing.M) int {
+	defer func() {
+		if bins.dir != "" {
+			_ = os.RemoveAll(bins.dir)
+		}
+	}()
 	if err := findBinaries(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
-		os.Exit(1)
+		return 1
 	}
 	code := m.Run()
 	if len(faults.Entries()) > 0 {
@@ -65,7 +77,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "e2e: fault table written to", path)
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // partialRun reports whether the run was told to leave tests out.
@@ -88,6 +100,7 @@ func findBinaries() error {
 	if err != nil {
 		return err
 	}
+	bins.dir = out
 	bins.authlimit = filepath.Join(out, "authlimit")
 	build := exec.Command("make", "build", "BIN="+bins.authlimit)
 	build.Dir = bins.repo
