@@ -156,6 +156,11 @@ type worker struct {
 	gen      uint32
 }
 
+// MarshalBinary is the batch as a command argument (go-redis writes an
+// encoding.BinaryMarshaler as a bulk string). Passing w, a pointer, to
+// go-redis boxes nothing; passing w.blob would allocate on every call.
+func (w *worker) MarshalBinary() ([]byte, error) { return w.blob, nil }
+
 // lead sends a batch if a connection is free: whatever is queued, up to
 // MaxBatch requests, the caller's own among them unless another batch took
 // it. The batch's deadline is the caller's own (due), so that sending for
@@ -320,7 +325,7 @@ func classify(err error) error {
 // (a restart or a failover), and reads the reply into w.ints: the raw reply
 // goes into a buffer the worker reuses, so a batch allocates little.
 func (r *Redis) evalRaw(ctx context.Context, w *worker) error {
-	w.args = [4]any{"evalsha", r.decideSHAArg, 0, w.blob}
+	w.args = [4]any{"evalsha", r.decideSHAArg, 0, w}
 	for try := 0; try < 2; try++ {
 		if try == 1 {
 			w.args[0], w.args[1] = "eval", scripts.Decide
