@@ -2,6 +2,7 @@ package algo
 
 import (
 	"context"
+	"github.com/authlimit/authlimit/internal/race"
 	"testing"
 	"time"
 )
@@ -16,7 +17,7 @@ const goRedisAllocs = 4
 // warm; only what go-redis allocates per call remains, and a batch of
 // several requests shares it.
 func TestRedisAllocatesOnlyInGoRedis(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("allocation counts mean nothing under the race detector; make test runs this test without it")
 	}
 	rs, _, _ := newRedisStore(t, nil)

@@ -3,6 +3,7 @@ package handler
 import (
 	"bufio"
 	"context"
+	"github.com/authlimit/authlimit/internal/race"
 	"net"
 	"net/netip"
 	"strings"
@@ -80,7 +81,7 @@ func newCtx() *fasthttp.RequestCtx {
 // or three, with keys from headers and hashed tags, allocates nothing once
 // the pools are warm.
 func TestAuthAllocatesNothing(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("allocation counts mean nothing under the race detector; make test runs this test without it")
 	}
 	h := newHandler(t, "name=per-ip key=ip limit=1000000/1m; name=api key=ip+header:X-Api-Key limit=1000000/1h algorithm=token_bucket path=/api;"+

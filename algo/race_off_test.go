@@ -1,5 +1,0 @@
-//go:build !race
-
-package algo
-
-const raceEnabled = false

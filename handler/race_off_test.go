@@ -1,5 +1,0 @@
-//go:build !race
-
-package handler
-
-const raceEnabled = false
