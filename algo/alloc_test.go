@@ -2,9 +2,10 @@ package algo
 
 import (
 	"context"
-	"github.com/authlimit/authlimit/internal/race"
 	"testing"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/race"
 )
 
 // goRedisAllocs is what go-redis allocates per call on this path: the

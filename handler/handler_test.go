@@ -3,7 +3,6 @@ package handler
 import (
 	"bufio"
 	"context"
-	"github.com/authlimit/authlimit/internal/race"
 	"net"
 	"net/netip"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/guard"
+	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
 )
