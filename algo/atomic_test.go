@@ -178,6 +178,42 @@ func TestKeysExpire(t *testing.T) {
 	}
 }
 
+// TestBucketKeysLiveAFullRefill: a bucket's key lives as long as its state
+// can matter, a full refill or drain from its last write, not just the time
+// its state matters now. A busy client's key is then overwritten rather
+// than expired and created again at every request, which costs Redis an
+// expiry per request.
+func TestBucketKeysLiveAFullRefill(t *testing.T) {
+	rs, client, _ := newRedisStore(t, nil)
+	ctx := context.Background()
+	const w = 10 * time.Second
+	for _, c := range []struct {
+		spec    Spec
+		horizon time.Duration
+	}{
+		{Spec{Name: "tb", Algorithm: TokenBucket, Limit: 10, Window: w}, w},
+		{Spec{Name: "lb", Algorithm: LeakyBucket, Limit: 10, Window: w, Delay: 2 * time.Second}, w + 2*time.Second},
+		{Spec{Name: "gcra", Algorithm: GCRA, Limit: 10, Window: w, Burst: 5}, w / 2},
+	} {
+		t.Run(c.spec.Name, func(t *testing.T) {
+			rule := mustPolicy(t, c.spec)
+			key := rule.StorageKey(rs.prefix, []byte("client"))
+			for i := 0; i < 3; i++ {
+				if res := decideOne(t, rs, Request{Policy: rule, Key: []byte("client")}); !res.Allowed {
+					t.Fatalf("request %d denied: %+v", i+1, res)
+				}
+				ttl, err := client.PTTL(ctx, key).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ttl > c.horizon || ttl < c.horizon-time.Second {
+					t.Errorf("after request %d, %s has TTL %v, want its full horizon %v", i+1, key, ttl, c.horizon)
+				}
+			}
+		})
+	}
+}
+
 // roundTrips counts the commands a client sends, a pipeline counting once.
 type roundTrips struct{ n atomic.Int64 }
 

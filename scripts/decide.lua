@@ -35,7 +35,7 @@
 --   answers with the counts that stand.
 --
 -- State, by algorithm, each in one key that expires when its state no longer
--- matters (hex integers are written with %x, which keeps the keys redis
+-- matters (a bucket's: a full refill or drain after its last write; hex integers are written with %x, which keeps the keys redis
 -- holds most of small):
 --   fixed_window            string "<window index>:<count>" in hex
 --   sliding_window_counter  string "<window index>:<count>:<previous count>"
@@ -88,15 +88,29 @@ else
 end
 local tokens_wanted = flags % 2 == 1
 
--- Policies, by id + 1, each a table of its 6 values. Tables are built by
--- constructors, sized at once: a table that grows by assignment is
--- rehashed at every power of two, which costs Redis more than the rest of
--- a decision.
+-- Policies, by id + 1, each a table of its 6 values and its keys'
+-- lifetime. Tables are built by constructors, sized at once: a table that
+-- grows by assignment is rehashed at every power of two, which costs Redis
+-- more than the rest of a decision.
 local P = {}
 for _ = 1, npol do
   local id, a, L, W, B, D, M
   id, a, L, W, B, D, M, pos = sunpack('<HBddddd', blob, pos)
-  P[id + 1] = { a, L, W, B, D, M }
+  -- A bucket's key lives as long as its state can matter: a full refill
+  -- (token_bucket) or drain (leaky_bucket, gcra, whose level may exceed B
+  -- by the delay), in ms. Written with its whole horizon rather than the
+  -- time its state matters now, a busy client's key is overwritten, not
+  -- expired and created again at every request: the difference is Redis's
+  -- active expiry, which otherwise deletes a key for every request.
+  local H = 0
+  if a >= 4 then
+    local full = B * W / L
+    if a ~= 4 then
+      full = full + D
+    end
+    H = max(ceil(full / 1000), 1)
+  end
+  P[id + 1] = { a, L, W, B, D, M, H }
 end
 
 -- R holds one request's rules, 17 values each from R[17 * (i - 1) + 1]:
@@ -404,11 +418,7 @@ for _ = 1, nreq do
         end
       end
       if R[b + OK] == 1 then
-        local ttl = up(R[b + TRESET] / 1000)
-        if ttl < 1 then
-          ttl = 1
-        end
-        R[b + WVAL], R[b + WTTL] = spack('<dd', now, level), ttl + slack
+        R[b + WVAL], R[b + WTTL] = spack('<dd', now, level), pp[7] + slack
       end
     end
     if R[b + OK] == 0 and sh ~= 1 then
