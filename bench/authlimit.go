@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -42,14 +43,47 @@ func startAuthlimit(ctx context.Context, e *runEnv, rules string, extra ...strin
 
 // authlimitHealth is what authlimit's /metrics says went wrong: decisions
 // the store failed (any kind) and decisions made by the fail mode (any
-// mode). With a healthy Redis both are 0.
+// mode), and each of their series with its labels, so that a warning says
+// which kind. With a healthy Redis both are 0.
 type authlimitHealth struct {
 	storeErrors float64
 	failMode    float64
+	series      map[string]float64 // nonzero series, by name and labels
 }
 
-// scrapeHealth reads the two counters from a /metrics URL; absent series
-// count as 0 (a counter vector shows no series until its first increment).
+// bad reports counts that must be 0 with a healthy Redis.
+func (h *authlimitHealth) bad() bool { return h.storeErrors > 0 || h.failMode > 0 }
+
+// add sums another scrape into h.
+func (h *authlimitHealth) add(o *authlimitHealth) {
+	h.storeErrors += o.storeErrors
+	h.failMode += o.failMode
+	for k, v := range o.series {
+		if h.series == nil {
+			h.series = map[string]float64{}
+		}
+		h.series[k] += v
+	}
+}
+
+// String names the counts, series by series.
+func (h *authlimitHealth) String() string {
+	s := fmt.Sprintf("authlimit_store_errors_total %g, authlimit_fail_mode_decisions_total %g", h.storeErrors, h.failMode)
+	if len(h.series) == 0 {
+		return s
+	}
+	names := make([]string, 0, len(h.series))
+	for k := range h.series {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for i, k := range names {
+		names[i] = fmt.Sprintf("%s %g", k, h.series[k])
+	}
+	return s + " (" + strings.Join(names, ", ") + ")"
+}
+
+// scrapeHealth reads the two counters from a /metrics URL.
 func scrapeHealth(url string) (authlimitHealth, error) {
 	status, body, err := httpGet(url)
 	if err != nil {
@@ -58,6 +92,17 @@ func scrapeHealth(url string) (authlimitHealth, error) {
 	if status != 200 {
 		return authlimitHealth{}, fmt.Errorf("scrape %s: status %d", url, status)
 	}
+	h, err := parseHealth(body)
+	if err != nil {
+		return authlimitHealth{}, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	return h, nil
+}
+
+// parseHealth reads the two counters from a Prometheus text exposition;
+// absent series count as 0 (a counter vector shows no series until its
+// first increment).
+func parseHealth(body string) (authlimitHealth, error) {
 	var h authlimitHealth
 	sc := bufio.NewScanner(strings.NewReader(body))
 	sc.Buffer(nil, 1<<20)
@@ -72,14 +117,23 @@ func scrapeHealth(url string) (authlimitHealth, error) {
 		default:
 			continue
 		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		cut := strings.LastIndexByte(line, ' ')
+		if cut < 0 {
+			return authlimitHealth{}, fmt.Errorf("%q: no value", line)
+		}
+		v, err := strconv.ParseFloat(line[cut+1:], 64)
 		if err != nil {
-			return authlimitHealth{}, fmt.Errorf("scrape %s: %q: %w", url, line, err)
+			return authlimitHealth{}, fmt.Errorf("%q: %w", line, err)
 		}
 		*into += v
+		if v != 0 {
+			if h.series == nil {
+				h.series = map[string]float64{}
+			}
+			h.series[line[:cut]] += v
+		}
 	}
-	return h, nil
+	return h, sc.Err()
 }
 
 // authlimitVersion is what the binary says with -version.

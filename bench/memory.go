@@ -48,8 +48,8 @@ func measureMemory(ctx context.Context, o *options, tmp string, progress io.Writ
 		}
 		fmt.Fprintf(progress, "memory %-22s %d keys, %.0f B/key (MEMORY USAGE), %.0f B/key (used_memory)\n",
 			a, m.keys, perKey(m.usageSum, m.keys), perKey(m.usedMemory, m.keys))
-		if m.health.storeErrors > 0 || m.health.failMode > 0 {
-			fmt.Fprintf(progress, "  WARNING authlimit store errors %g, fail-mode decisions %g\n", m.health.storeErrors, m.health.failMode)
+		if m.health.bad() {
+			fmt.Fprintf(progress, "  WARNING %s\n", &m.health)
 		}
 		out = append(out, m)
 	}

@@ -27,17 +27,17 @@ type report struct {
 // summary is one system under one workload over all rounds: medians, and
 // sums where one bad round must not hide.
 type summary struct {
-	runs                         int
-	rate                         float64 // decisions per second
-	p50, p99, p999               time.Duration
-	errors                       uint64 // summed over rounds
-	errorDetail                  []string
-	allowed, denied              float64
-	serverUs, redisCPUUs, cmdUs  float64 // per decision
-	hasRedis                     bool
-	authlimit                    bool
-	storeErrors, failModeAnswers float64 // summed over rounds
-	reconnects                   uint64
+	runs                        int
+	rate                        float64 // decisions per second
+	p50, p99, p999              time.Duration
+	errors                      uint64 // summed over rounds
+	errorDetail                 []string
+	allowed, denied             float64
+	serverUs, redisCPUUs, cmdUs float64 // per decision
+	hasRedis                    bool
+	authlimit                   bool
+	health                      authlimitHealth // summed over rounds
+	reconnects                  uint64
 }
 
 // summarize reduces one system's runs under one workload.
@@ -64,8 +64,7 @@ func summarize(runs []*runResult) *summary {
 		s.hasRedis = r.hasRedis
 		if r.health != nil {
 			s.authlimit = true
-			s.storeErrors += r.health.storeErrors
-			s.failModeAnswers += r.health.failMode
+			s.health.add(r.health)
 		}
 	}
 	s.rate, s.allowed, s.denied = median(rate), median(allowed), median(denied)
@@ -77,7 +76,7 @@ func summarize(runs []*runResult) *summary {
 // flagged reports a summary whose figures are suspect: errors, or an
 // authlimit that decided without its store.
 func (s *summary) flagged() bool {
-	return s.errors > 0 || s.storeErrors > 0 || s.failModeAnswers > 0
+	return s.errors > 0 || s.health.bad()
 }
 
 func perDecision(v, decisions float64) float64 {
@@ -236,8 +235,8 @@ func (r *report) renderWorkload(p func(string, ...any), w workload) {
 		if s.flagged() {
 			name += " ⚠"
 		}
-		if s.authlimit && (s.storeErrors > 0 || s.failModeAnswers > 0) {
-			warnings = append(warnings, fmt.Sprintf("⚠ `%s`: authlimit_store_errors_total %g, authlimit_fail_mode_decisions_total %g over all rounds; both must be 0 with a healthy Redis.", sys.name, s.storeErrors, s.failModeAnswers))
+		if s.authlimit && s.health.bad() {
+			warnings = append(warnings, fmt.Sprintf("⚠ `%s`: %s over all rounds; both must be 0 with a healthy Redis.", sys.name, &s.health))
 		}
 		if s.errors > 0 {
 			warnings = append(warnings, fmt.Sprintf("`%s` errors: %s.", sys.name, strings.Join(s.errorDetail, "; ")))
@@ -327,9 +326,9 @@ func (r *report) renderMemory(p func(string, ...any)) {
 	var warnings []string
 	for _, m := range r.memory {
 		name := "`" + m.algorithm + "`"
-		if m.health.storeErrors > 0 || m.health.failMode > 0 {
+		if m.health.bad() {
 			name += " ⚠"
-			warnings = append(warnings, fmt.Sprintf("⚠ `%s`: authlimit_store_errors_total %g, authlimit_fail_mode_decisions_total %g: those requests were decided without Redis and left no key.", m.algorithm, m.health.storeErrors, m.health.failMode))
+			warnings = append(warnings, fmt.Sprintf("⚠ `%s`: %s: those requests were decided without Redis and left no key.", m.algorithm, &m.health))
 		}
 		p("| %s | %d | %d | %.2f | %.0f | %.0f | %.0f |\n", name, m.allowed, m.keys,
 			float64(m.keys)/float64(m.clients), perKey(m.usageSum, m.keys), perKey(m.usedMemory, m.keys), perKey(m.usedMemory, m.clients))

@@ -81,8 +81,8 @@ func (r *runResult) line() string {
 		float64(r.load.decisions())/r.load.elapsed.Seconds(),
 		fmtDuration(r.load.hist.quantile(0.5)), fmtDuration(r.load.hist.quantile(0.99)),
 		r.load.allowed, r.load.denied, r.load.errors())
-	if r.health != nil && (r.health.storeErrors > 0 || r.health.failMode > 0) {
-		s += fmt.Sprintf("  WARNING authlimit store errors %g, fail-mode decisions %g", r.health.storeErrors, r.health.failMode)
+	if r.health != nil && r.health.bad() {
+		s += "  WARNING " + r.health.String()
 	}
 	return s
 }
