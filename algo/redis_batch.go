@@ -154,6 +154,7 @@ type worker struct {
 	ints     []int64
 	seen     []uint32 // per policy id: the batch that last listed it
 	gen      uint32
+	cluster  clusterWork
 }
 
 // MarshalBinary is the batch as a command argument (go-redis writes an

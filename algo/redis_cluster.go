@@ -20,46 +20,110 @@ import (
 // holding its slots have answered: a primary that fails or stalls holds
 // up, and fails, only the requests with keys on it. A request that spans
 // slots is settled when all of them have answered (refunding the slots
-// that admitted it if another did not).
+// that admitted it if another did not). The slot calls, their arguments
+// and their grouping live in the worker and are reused batch after batch.
 func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
-	groups := map[uint16][]*part{}
-	var order []uint16
+	cw := &w.cluster
+	cw.reset()
 	for _, c := range live {
 		c.pending.Store(int32(len(c.parts)))
 		for i := range c.parts {
 			p := &c.parts[i]
-			if _, ok := groups[p.slot]; !ok {
-				order = append(order, p.slot)
-			}
-			groups[p.slot] = append(groups[p.slot], p)
+			sc := cw.slotCall(p.slot)
+			sc.parts = append(sc.parts, p)
+			sc.keys = append(sc.keys, p.keys...)
 		}
 	}
-	byNode := map[int][]*slotCall{}
-	for _, s := range order {
-		w.parts = groups[s]
-		sc := &slotCall{parts: groups[s], blob: r.appendBatch(nil, w, 1), slot: s, shard: r.shardOf(s)}
-		for _, p := range groups[s] {
-			sc.keys = append(sc.keys, p.keys...)
+	for i := range cw.calls {
+		sc := &cw.calls[i]
+		w.parts = sc.parts
+		sc.blob = r.appendBatch(sc.blob[:0], w, 1)
+		sc.shard = r.shardOf(sc.slot)
+		for _, p := range sc.parts {
 			p.shard = sc.shard
 		}
-		byNode[sc.shard] = append(byNode[sc.shard], sc)
+		cw.add(sc)
 	}
+	done := func(sc *slotCall) {
+		r.settle(sc)
+		for _, p := range sc.parts {
+			if p.c.pending.Add(-1) == 0 {
+				r.settleCall(p.c) // p.c may be reused from here on
+			}
+		}
+	}
+	// One goroutine per primary but the last, whose calls go from here.
 	var wg sync.WaitGroup
-	for _, calls := range byNode {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.evalSlots(ctx, r.decideSHA, scripts.Decide, calls, r.split, func(sc *slotCall) {
-				r.settle(sc)
-				for _, p := range sc.parts {
-					if p.c.pending.Add(-1) == 0 {
-						r.settleCall(p.c) // p.c may be reused from here on
-					}
-				}
-			})
-		}()
+	var last []*slotCall
+	for _, calls := range cw.byShard {
+		if len(calls) == 0 {
+			continue
+		}
+		if last != nil {
+			wg.Add(1)
+			go func(calls []*slotCall) {
+				defer wg.Done()
+				r.evalSlots(ctx, r.decideSHA, scripts.Decide, calls, r.split, done)
+			}(last)
+		}
+		last = calls
+	}
+	if last != nil {
+		r.evalSlots(ctx, r.decideSHA, scripts.Decide, last, r.split, done)
 	}
 	wg.Wait()
+}
+
+// clusterWork is a worker's reusable memory for a cluster batch: one slot
+// call per slot, and the calls grouped by primary.
+type clusterWork struct {
+	calls   []slotCall
+	bySlot  map[uint16]int // index in calls
+	byShard [][]*slotCall  // by shard + 1 (shard -1: no primary known)
+}
+
+func (cw *clusterWork) reset() {
+	for i := range cw.calls {
+		sc := &cw.calls[i]
+		clear(sc.parts) // nothing of past batches kept alive
+		clear(sc.keys)
+		*sc = slotCall{parts: sc.parts[:0], keys: sc.keys[:0], blob: sc.blob}
+	}
+	cw.calls = cw.calls[:0]
+	for i := range cw.byShard {
+		clear(cw.byShard[i])
+		cw.byShard[i] = cw.byShard[i][:0]
+	}
+	if cw.bySlot == nil {
+		cw.bySlot = map[uint16]int{}
+	}
+	clear(cw.bySlot)
+}
+
+// slotCall returns the batch's call for slot s, adding it if needed.
+func (cw *clusterWork) slotCall(s uint16) *slotCall {
+	if i, ok := cw.bySlot[s]; ok {
+		return &cw.calls[i]
+	}
+	cw.bySlot[s] = len(cw.calls)
+	if len(cw.calls) < cap(cw.calls) {
+		cw.calls = cw.calls[:len(cw.calls)+1]
+	} else {
+		cw.calls = append(cw.calls, slotCall{})
+	}
+	sc := &cw.calls[len(cw.calls)-1]
+	sc.slot = s
+	return sc
+}
+
+// add lists sc under its primary. Only once every slot call exists: the
+// list holds pointers into calls.
+func (cw *clusterWork) add(sc *slotCall) {
+	i := sc.shard + 1
+	for i >= len(cw.byShard) {
+		cw.byShard = append(cw.byShard, nil)
+	}
+	cw.byShard[i] = append(cw.byShard[i], sc)
 }
 
 // settleCall completes a call whose parts have all answered: admitted if
