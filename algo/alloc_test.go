@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/authlimit/authlimit/internal/race"
+	"github.com/authlimit/authlimit/internal/redistest"
 )
 
 // goRedisAllocs is what go-redis allocates per call on this path: the
@@ -13,30 +14,40 @@ import (
 // (net.RawConn and the closure that peeks at the socket).
 const goRedisAllocs = 4
 
-// TestRedisAllocatesOnlyInGoRedis: a decision on Redis, one request alone
-// in its batch, allocates nothing of the store's own once its pools are
-// warm; only what go-redis allocates per call remains, and a batch of
-// several requests shares it.
+// TestRedisAllocatesOnlyInGoRedis: a decision on Redis, standalone or
+// Cluster, one request alone in its batch, allocates nothing of the store's
+// own once its pools are warm; only what go-redis allocates per call
+// remains, and a batch of several requests shares it.
 func TestRedisAllocatesOnlyInGoRedis(t *testing.T) {
 	if race.Enabled {
 		t.Skip("allocation counts mean nothing under the race detector; make test runs this test without it")
 	}
-	rs, _, _ := newRedisStore(t, nil)
-	for _, alg := range []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, GCRA} {
-		t.Run(alg.String(), func(t *testing.T) {
-			p := mustPolicy(t, Spec{Name: "alloc", Algorithm: alg, Limit: 1 << 40, Window: time.Hour})
-			reqs := []Request{{Policy: p, Key: []byte("203.0.113.7")}}
-			res := make([]Result, 1)
-			run := func() {
-				if ok, err := rs.Decide(context.Background(), reqs, res); err != nil || !ok {
-					t.Fatalf("decide: %v %v", ok, err)
+	standalone, _, _ := newRedisStore(t, nil)
+	cluster := redistest.NewCluster(t)
+	inCluster := newRedis(t, cluster.Client(t), cluster.Prefix(t))
+	if err := inCluster.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []struct {
+		name string
+		rs   *Redis
+	}{{"standalone", standalone}, {"cluster", inCluster}} {
+		for _, alg := range []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, GCRA} {
+			t.Run(st.name+"/"+alg.String(), func(t *testing.T) {
+				p := mustPolicy(t, Spec{Name: "alloc", Algorithm: alg, Limit: 1 << 40, Window: time.Hour})
+				reqs := []Request{{Policy: p, Key: []byte("203.0.113.7")}}
+				res := make([]Result, 1)
+				run := func() {
+					if ok, err := st.rs.Decide(context.Background(), reqs, res); err != nil || !ok {
+						t.Fatalf("decide: %v %v", ok, err)
+					}
 				}
-			}
-			run()
-			run()
-			if got := testing.AllocsPerRun(200, run); got > goRedisAllocs {
-				t.Errorf("%v allocations per decision, want at most go-redis's %d", got, goRedisAllocs)
-			}
-		})
+				run()
+				run()
+				if got := testing.AllocsPerRun(200, run); got > goRedisAllocs {
+					t.Errorf("%v allocations per decision, want at most go-redis's %d", got, goRedisAllocs)
+				}
+			})
+		}
 	}
 }

@@ -128,3 +128,70 @@ func TestClusterSameKeyIsOneCall(t *testing.T) {
 		t.Errorf("3 decisions made %d script calls, want 3", got)
 	}
 }
+
+// TestClusterLostScripts: a primary that lost its script cache (a restart,
+// a failover, SCRIPT FLUSH) answers NOSCRIPT, and the call is sent again by
+// source, alone or in a pipeline of several calls to that primary; refunds
+// too.
+func TestClusterLostScripts(t *testing.T) {
+	cluster := redistest.NewCluster(t)
+	client := cluster.Client(t)
+	rs := newRedis(t, client, cluster.Prefix(t))
+	ctx := context.Background()
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	flush := func() {
+		t.Helper()
+		if err := client.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.ScriptFlush(ctx).Err()
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rule := mustPolicy(t, Spec{Name: "lost", Algorithm: FixedWindow, Limit: 3, Window: time.Hour})
+
+	// Six calls on six slots of three primaries: at least one primary
+	// gets a pipeline of several.
+	flush()
+	var calls []*slotCall
+	for i := 0; i < 6; i++ {
+		c := &call{}
+		if err := rs.encode(ctx, c, []Request{{Policy: rule, Key: []byte(fmt.Sprintf("pipelined-%d", i))}}); err != nil {
+			t.Fatal(err)
+		}
+		w := &worker{parts: []*part{&c.parts[0]}}
+		calls = append(calls, &slotCall{parts: w.parts, blob: rs.appendBatch(nil, w, 1), keys: c.parts[0].appendKeys(nil), slot: c.parts[0].slot})
+	}
+	settled := 0
+	rs.evalSlots(ctx, rs.decideSHAArg, rs.decideSrcArg, calls, nil, func(sc *slotCall) {
+		settled++
+		rs.settle(sc)
+		if sc.err != nil || sc.parts[0].err != nil {
+			t.Errorf("slot %d: %v, %v", sc.slot, sc.err, sc.parts[0].err)
+		} else if res := sc.parts[0].c.res[0]; !sc.parts[0].admitted || res.Remaining != 2 {
+			t.Errorf("slot %d: admitted %v, %+v; want admitted with 2 remaining", sc.slot, sc.parts[0].admitted, res)
+		}
+	})
+	if settled != len(calls) {
+		t.Errorf("%d of %d calls settled", settled, len(calls))
+	}
+
+	// A decision across slots after a flush, and its refund after another.
+	global := mustPolicy(t, Spec{Name: "lost-global", Algorithm: FixedWindow, Limit: 1, Window: time.Hour})
+	both := []Request{{Policy: rule, Key: []byte("client-a")}, {Policy: global, Key: []byte("global")}}
+	res := make([]Result, 2)
+	flush()
+	if ok, err := rs.Decide(ctx, both, res); err != nil || !ok {
+		t.Fatalf("first decision = %v, %v, want admitted", ok, err)
+	}
+	flush()
+	if ok, err := rs.Decide(ctx, both, res); err != nil || ok {
+		t.Fatalf("second decision = %v, %v, want denied by the global rule", ok, err)
+	}
+	rs.owed.Wait()
+	flush()
+	if got := decideOne(t, rs, Request{Policy: rule, Key: []byte("client-a")}); got.Remaining != 1 {
+		t.Errorf("after the refund: Remaining = %d, want 1", got.Remaining)
+	}
+}

@@ -48,9 +48,11 @@ type Redis struct {
 	onLost  func(n int, err error)
 
 	decideSHA, refundSHA string
-	decideSHAArg         any           // decideSHA as a command argument, boxed once
-	probe                *Policy       // Warm's decision: cost 2 under a limit of 1
-	seq                  atomic.Uint64 // request ids, from a random start
+	decideSHAArg         any             // decideSHA as a command argument, boxed once
+	decideSrcArg         any             // scripts.Decide, the same
+	decided              func(*slotCall) // settleSlot, bound once
+	probe                *Policy         // Warm's decision: cost 2 under a limit of 1
+	seq                  atomic.Uint64   // request ids, from a random start
 
 	regMu    sync.RWMutex
 	ids      map[*Policy]uint16
@@ -136,7 +138,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		refunds:   make(chan []refund, 1024),
 		stop:      make(chan struct{}),
 	}
-	r.decideSHAArg = r.decideSHA
+	r.decideSHAArg, r.decideSrcArg, r.decided = r.decideSHA, scripts.Decide, r.settleSlot
 	r.cluster, _ = client.(*redis.ClusterClient)
 	r.probe, _ = NewPolicy(Spec{Name: "authlimit-probe", Algorithm: FixedWindow, Limit: 1, Window: time.Second})
 	var b [8]byte
@@ -242,8 +244,8 @@ func (r *Redis) probeDecision(ctx context.Context) error {
 	}
 	w := &worker{parts: []*part{&c.parts[0]}}
 	if r.cluster != nil {
-		sc := &slotCall{blob: r.appendBatch(nil, w, 1), keys: c.parts[0].keys, slot: c.parts[0].slot}
-		r.evalSlots(ctx, r.decideSHA, scripts.Decide, []*slotCall{sc}, nil, func(*slotCall) {})
+		sc := &slotCall{blob: r.appendBatch(nil, w, 1), keys: c.parts[0].appendKeys(nil), slot: c.parts[0].slot}
+		r.evalSlots(ctx, r.decideSHAArg, r.decideSrcArg, []*slotCall{sc}, nil, func(*slotCall) {})
 		if sc.err != nil {
 			return fmt.Errorf("probe decision: %w", sc.err)
 		}

@@ -54,7 +54,7 @@ type part struct {
 	idx   []uint8  // which of the call's requests, in order
 	ids   []uint16 // their policy ids
 	costs []int64  // their costs
-	keys  []string // their storage keys, for a cluster's KEYS
+	keyAt []int    // where their storage keys are in buf, start and end (cluster)
 	slot  uint16
 
 	// Set by the batch; shard and err in a cluster only.
@@ -99,10 +99,21 @@ func (r *Redis) encode(ctx context.Context, c *call, reqs []Request) error {
 		p.buf = q.Policy.appendStorageKey(p.buf, r.prefix, q.Key)
 		binary.LittleEndian.PutUint16(p.buf[at:], uint16(len(p.buf)-at-2))
 		if r.cluster != nil {
-			p.keys = append(p.keys, string(p.buf[at+2:]))
+			p.keyAt = append(p.keyAt, at+2, len(p.buf))
 		}
 	}
 	return nil
+}
+
+// key is the storage key of the part's j-th request (cluster).
+func (p *part) key(j int) []byte { return p.buf[p.keyAt[2*j]:p.keyAt[2*j+1]] }
+
+// appendKeys appends the part's storage keys as script keys (cluster).
+func (p *part) appendKeys(dst []keyArg) []keyArg {
+	for j := 0; j < len(p.keyAt); j += 2 {
+		dst = append(dst, keyArg(p.buf[p.keyAt[j]:p.keyAt[j+1]]))
+	}
+	return dst
 }
 
 // partFor returns the part of c for the key's slot, adding it if needed.
@@ -127,7 +138,7 @@ func (r *Redis) partFor(c *call, key []byte) *part {
 	p := &c.parts[len(c.parts)-1]
 	p.c = c
 	p.buf = binary.LittleEndian.AppendUint64(append(p.buf[:0], 0), math.Float64bits(c.id))
-	p.idx, p.ids, p.costs, p.keys, p.slot, p.admitted, p.err = p.idx[:0], p.ids[:0], p.costs[:0], p.keys[:0], s, false, nil
+	p.idx, p.ids, p.costs, p.keyAt, p.slot, p.admitted, p.err = p.idx[:0], p.ids[:0], p.costs[:0], p.keyAt[:0], s, false, nil
 	return p
 }
 
@@ -259,16 +270,15 @@ func (r *Redis) run(w *worker, due time.Time) {
 	if !due.IsZero() {
 		deadline = due
 	}
+	// Its deadline is all the context a call needs from a client that
+	// applies it to the connection, and the worker's own costs no
+	// allocation and no timer.
+	w.deadline.at = deadline
+	ctx := &w.deadline
 	if r.cluster != nil {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		defer cancel()
 		r.runCluster(ctx, w, live)
 		return
 	}
-	// One call on one connection: its deadline is all the context it
-	// needs, and the worker's own costs no allocation and no timer.
-	w.deadline.at = deadline
-	ctx := &w.deadline
 	w.parts = w.parts[:0]
 	for _, c := range live {
 		w.parts = append(w.parts, &c.parts[0])

@@ -31,7 +31,7 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 			p := &c.parts[i]
 			sc := cw.slotCall(p.slot)
 			sc.parts = append(sc.parts, p)
-			sc.keys = append(sc.keys, p.keys...)
+			sc.keys = p.appendKeys(sc.keys)
 		}
 	}
 	for i := range cw.calls {
@@ -44,34 +44,36 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 		}
 		cw.add(sc)
 	}
-	done := func(sc *slotCall) {
-		r.settle(sc)
-		for _, p := range sc.parts {
-			if p.c.pending.Add(-1) == 0 {
-				r.settleCall(p.c) // p.c may be reused from here on
-			}
-		}
-	}
 	// One goroutine per primary but the last, whose calls go from here.
-	var wg sync.WaitGroup
 	var last []*slotCall
 	for _, calls := range cw.byShard {
 		if len(calls) == 0 {
 			continue
 		}
 		if last != nil {
-			wg.Add(1)
+			cw.wg.Add(1)
 			go func(calls []*slotCall) {
-				defer wg.Done()
-				r.evalSlots(ctx, r.decideSHA, scripts.Decide, calls, r.split, done)
+				defer cw.wg.Done()
+				r.evalSlots(ctx, r.decideSHAArg, r.decideSrcArg, calls, r.split, r.decided)
 			}(last)
 		}
 		last = calls
 	}
 	if last != nil {
-		r.evalSlots(ctx, r.decideSHA, scripts.Decide, last, r.split, done)
+		r.evalSlots(ctx, r.decideSHAArg, r.decideSrcArg, last, r.split, r.decided)
 	}
-	wg.Wait()
+	cw.wg.Wait()
+}
+
+// settleSlot settles a slot call of decide.lua, and each call of the batch
+// once all its slots have answered. r.decided is it, bound once.
+func (r *Redis) settleSlot(sc *slotCall) {
+	r.settle(sc)
+	for _, p := range sc.parts {
+		if p.c.pending.Add(-1) == 0 {
+			r.settleCall(p.c) // p.c may be reused from here on
+		}
+	}
 }
 
 // clusterWork is a worker's reusable memory for a cluster batch: one slot
@@ -80,6 +82,7 @@ type clusterWork struct {
 	calls   []slotCall
 	bySlot  map[uint16]int // index in calls
 	byShard [][]*slotCall  // by shard + 1 (shard -1: no primary known)
+	wg      sync.WaitGroup // the primaries' goroutines
 }
 
 func (cw *clusterWork) reset() {
@@ -87,7 +90,9 @@ func (cw *clusterWork) reset() {
 		sc := &cw.calls[i]
 		clear(sc.parts) // nothing of past batches kept alive
 		clear(sc.keys)
-		*sc = slotCall{parts: sc.parts[:0], keys: sc.keys[:0], blob: sc.blob}
+		clear(sc.args)
+		sc.reply.Reset()
+		*sc = slotCall{parts: sc.parts[:0], keys: sc.keys[:0], blob: sc.blob, args: sc.args[:0], reply: sc.reply, ints: sc.ints}
 	}
 	cw.calls = cw.calls[:0]
 	for i := range cw.byShard {
@@ -177,7 +182,7 @@ func (r *Redis) split(sc *slotCall) []*slotCall {
 	out := make([]*slotCall, len(sc.parts))
 	for i, p := range sc.parts {
 		w := worker{parts: []*part{p}}
-		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, 1), keys: p.keys, slot: sc.slot, shard: sc.shard}
+		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, 1), keys: p.appendKeys(nil), slot: sc.slot, shard: sc.shard}
 	}
 	return out
 }
@@ -186,9 +191,8 @@ func (r *Redis) split(sc *slotCall) []*slotCall {
 func (r *Redis) settle(sc *slotCall) {
 	err := sc.err
 	if err == nil {
-		var v []int64
-		if v, err = sc.cmd.Int64Slice(); err == nil {
-			err = r.parseReply(v, sc.parts, true)
+		if sc.ints, err = appendInts(sc.ints[:0], sc.reply.Bytes()); err == nil {
+			err = r.parseReply(sc.ints, sc.parts, true)
 		}
 	}
 	if err != nil {
@@ -251,7 +255,7 @@ func (r *Redis) undo(c *call, rs []refund) []refund {
 				continue // a shadow rule that denied consumed nothing
 			}
 			cost := p.costs[j]
-			rs = append(rs, refund{id: id, cost: cost, key: p.keys[j], token: p.tokens[j], request: c.id, slot: p.slot})
+			rs = append(rs, refund{id: id, cost: cost, key: string(p.key(j)), token: p.tokens[j], request: c.id, slot: p.slot})
 			res.Remaining = min(res.Remaining+cost, res.Limit)
 			res.Delay = 0
 		}
@@ -337,7 +341,9 @@ func (r *Redis) refundOnce(ctx context.Context, rs []refund) ([]refund, error) {
 		err := sc.err
 		n := 0
 		if err == nil {
-			n, err = sc.cmd.Int()
+			var v int64
+			v, _, err = respLine(sc.reply.Bytes(), ':')
+			n = int(v)
 		}
 		switch {
 		case err != nil:
@@ -352,7 +358,7 @@ func (r *Redis) refundOnce(ctx context.Context, rs []refund) ([]refund, error) {
 
 // appendRefunds builds refund.lua's argument and keys for refunds of one
 // slot.
-func (r *Redis) appendRefunds(rs []refund) ([]byte, []string) {
+func (r *Redis) appendRefunds(rs []refund) ([]byte, []keyArg) {
 	pinned := -1.0
 	if r.clock != nil {
 		pinned = float64(sinceEpoch(r.clock()))
@@ -369,7 +375,7 @@ func (r *Redis) appendRefunds(rs []refund) ([]byte, []string) {
 		}
 	}
 	binary.LittleEndian.PutUint16(b[npolAt:], uint16(len(seen)))
-	keys := make([]string, 0, len(rs))
+	keys := make([]keyArg, 0, len(rs))
 	for _, f := range rs {
 		b = binary.LittleEndian.AppendUint16(b, f.id)
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(f.cost)))
@@ -377,7 +383,7 @@ func (r *Redis) appendRefunds(rs []refund) ([]byte, []string) {
 		b = append(b, f.key...)
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f.token))
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f.request))
-		keys = append(keys, f.key)
+		keys = append(keys, keyArg(f.key))
 	}
 	return b, keys
 }

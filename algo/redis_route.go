@@ -1,6 +1,7 @@
 package algo
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -13,16 +14,36 @@ import (
 type slotCall struct {
 	parts []*part // the requests it decides (decide.lua); nil for refunds
 	blob  []byte
-	keys  []string
+	keys  []keyArg
 	slot  uint16
 	shard int // the primary that served the slot when the batch left
 
 	to        string // the primary a redirection named, for the next attempt
 	asking    bool   // the redirection was ASK: send ASKING first
 	redirects int
-	cmd       *redis.Cmd // the last attempt's reply
-	err       error      // set when settled: nil if cmd holds the script's reply
+	args      []any        // the command: the script, its keys and blob
+	reply     bytes.Buffer // the last attempt's reply, as Redis wrote it
+	last      error        // the last attempt's error, an error reply included
+	ints      []int64      // the reply's integers (decide.lua)
+	err       error        // set when settled: nil if reply holds the script's reply
 }
+
+// MarshalBinary is the call's blob as a command argument: passing sc, a
+// pointer, boxes nothing.
+func (sc *slotCall) MarshalBinary() ([]byte, error) { return sc.blob, nil }
+
+// keyArg is a script key as a command argument: a pointer to one boxes
+// nothing, where a string or a []byte would allocate.
+type keyArg []byte
+
+func (k *keyArg) MarshalBinary() ([]byte, error) { return *k, nil }
+
+// replyError is an error reply of Redis, read from a raw reply: it is a
+// redis.Error, so redis.HasErrorPrefix reads it (MOVED, ASK, NOSCRIPT).
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
 
 // maxRedirects bounds the MOVED and ASK redirections one call follows.
 const maxRedirects = 8
@@ -42,17 +63,18 @@ const maxRedirects = 8
 // others twice, and counting their requests twice.
 //
 // done is called once for every call that settles: with sc.err nil and the
-// reply in sc.cmd, or with sc.err saying why not. A call split in two
+// reply in sc.reply, or with sc.err saying why not. A call split in two
 // settles as its parts.
-func (r *Redis) evalSlots(ctx context.Context, sha, src string, calls []*slotCall, split func(*slotCall) []*slotCall, done func(*slotCall)) {
+func (r *Redis) evalSlots(ctx context.Context, sha, src any, calls []*slotCall, split func(*slotCall) []*slotCall, done func(*slotCall)) {
 	pause := time.Millisecond
 	for len(calls) > 0 {
 		var again []*slotCall
 		pausing := false
-		for _, b := range r.route(ctx, calls, done) {
+		var buf [4]nodeBatch
+		for _, b := range r.route(ctx, buf[:0], calls, done) {
 			r.pipeline(ctx, b.client, sha, src, b.calls)
 			for _, sc := range b.calls {
-				err := sc.cmd.Err()
+				err := sc.last
 				moved, ask, addr := redirection(err)
 				switch {
 				case err == nil:
@@ -90,7 +112,7 @@ func (r *Redis) evalSlots(ctx context.Context, sha, src string, calls []*slotCal
 		}
 		if d, ok := ctx.Deadline(); ok && time.Until(d) < 2*pause {
 			for _, sc := range calls {
-				sc.err = fmt.Errorf("%w: refused until the deadline: %w", ErrUnreachable, sc.cmd.Err())
+				sc.err = fmt.Errorf("%w: refused until the deadline: %w", ErrUnreachable, sc.last)
 				done(sc)
 			}
 			return
@@ -106,11 +128,14 @@ type nodeBatch struct {
 	calls  []*slotCall
 }
 
-// route groups calls by the primary they go to: the one a redirection
-// named, or the one the client believes serves the slot. A call with
-// nowhere to go settles at once.
-func (r *Redis) route(ctx context.Context, calls []*slotCall, done func(*slotCall)) []nodeBatch {
-	var out []nodeBatch
+// route appends to out the calls grouped by the primary they go to: the
+// one a redirection named, or the one the client believes serves the slot.
+// A call with nowhere to go settles at once. Calls that all go to one
+// primary, as a batch's usually do, stay in their slice.
+func (r *Redis) route(ctx context.Context, out []nodeBatch, calls []*slotCall, done func(*slotCall)) []nodeBatch {
+	if c := r.onePrimary(ctx, calls); c != nil {
+		return append(out, nodeBatch{client: c, calls: calls})
+	}
 	for _, sc := range calls {
 		var c *redis.Client
 		var err error
@@ -136,35 +161,84 @@ func (r *Redis) route(ctx context.Context, calls []*slotCall, done func(*slotCal
 	return out
 }
 
+// onePrimary returns the primary every call goes to, if there is one and
+// no call was redirected.
+func (r *Redis) onePrimary(ctx context.Context, calls []*slotCall) *redis.Client {
+	var one *redis.Client
+	for _, sc := range calls {
+		if sc.to != "" {
+			return nil
+		}
+		c, err := r.cluster.MasterForKey(ctx, r.slotKey(sc.slot))
+		if err != nil || one != nil && c != one {
+			return nil
+		}
+		one = c
+	}
+	return one
+}
+
 // pipeline sends the calls to one primary in one pipeline, each by the
 // script's digest and, if the node lost its script cache, again by source;
-// an asked call goes after ASKING. The replies are in the calls' cmd.
-func (r *Redis) pipeline(ctx context.Context, c *redis.Client, sha, src string, calls []*slotCall) {
-	pipe := c.Pipeline()
-	for _, sc := range calls {
-		if sc.asking {
-			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
-		}
-		sc.cmd = pipe.EvalSha(ctx, sha, sc.keys, sc.blob)
-	}
-	_, _ = pipe.Exec(ctx) // errors are per command
+// an asked call goes after ASKING. The replies are in the calls' reply.
+func (r *Redis) pipeline(ctx context.Context, c *redis.Client, sha, src any, calls []*slotCall) {
+	send(ctx, c, "evalsha", sha, calls)
 	var lost []*slotCall
 	for _, sc := range calls {
-		if isNoScript(sc.cmd.Err()) {
+		if isNoScript(sc.last) {
 			lost = append(lost, sc)
 		}
 	}
-	if len(lost) == 0 {
+	if len(lost) > 0 {
+		send(ctx, c, "eval", src, lost)
+	}
+}
+
+// send runs the script (verb "evalsha" with its digest, or "eval" with its
+// source, each boxed once by the caller) once per call on one primary:
+// alone, or in one pipeline. Each reply goes raw into its call's buffer,
+// so nothing of it is allocated.
+func send(ctx context.Context, c *redis.Client, verb, script any, calls []*slotCall) {
+	if len(calls) == 1 && !calls[0].asking {
+		sc := calls[0]
+		cmd := sc.command(ctx, verb, script)
+		_ = c.Process(ctx, cmd)
+		sc.read(cmd)
 		return
 	}
-	pipe = c.Pipeline()
-	for _, sc := range lost {
+	pipe := c.Pipeline()
+	cmds := make([]*redis.RawWriteToCmd, len(calls))
+	for i, sc := range calls {
 		if sc.asking {
 			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
 		}
-		sc.cmd = pipe.Eval(ctx, src, sc.keys, sc.blob)
+		cmds[i] = sc.command(ctx, verb, script)
+		_ = pipe.Process(ctx, cmds[i])
 	}
-	_, _ = pipe.Exec(ctx)
+	_, _ = pipe.Exec(ctx) // errors are per command
+	for i, sc := range calls {
+		sc.read(cmds[i])
+	}
+}
+
+// command is the call's script command, its reply to go to sc.reply.
+func (sc *slotCall) command(ctx context.Context, verb, script any) *redis.RawWriteToCmd {
+	sc.args = append(sc.args[:0], verb, script, len(sc.keys))
+	for i := range sc.keys {
+		sc.args = append(sc.args, &sc.keys[i])
+	}
+	sc.args = append(sc.args, sc)
+	sc.reply.Reset()
+	return redis.NewRawWriteToCmd(ctx, &sc.reply, sc.args...)
+}
+
+// read sets sc.last from the command's outcome: its error, or the error
+// Redis replied with.
+func (sc *slotCall) read(cmd *redis.RawWriteToCmd) {
+	sc.last = cmd.Err()
+	if b := sc.reply.Bytes(); sc.last == nil && len(b) > 0 && b[0] == '-' {
+		sc.last = replyError(bytes.TrimRight(b[1:], "\r\n"))
+	}
 }
 
 // redirection reads a MOVED or ASK error: "MOVED <slot> <addr>" or
