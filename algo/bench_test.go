@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/authlimit/authlimit/internal/redistest"
 )
 
 // benchKeys is how many distinct keys a benchmark cycles through, generated
@@ -39,7 +41,8 @@ func benchRequests(rules []*Policy) [][]Request {
 }
 
 // BenchmarkDecide measures one decision of one rule and of three rules, per
-// algorithm and store, serially and from parallel goroutines.
+// algorithm and store (memory, Redis, a Redis Cluster of three primaries),
+// serially and from parallel goroutines.
 func BenchmarkDecide(b *testing.B) {
 	rs, client, _ := newRedisStore(b, &redis.Options{PoolSize: 16})
 	if err := rs.Warm(context.Background()); err != nil {
@@ -55,7 +58,12 @@ func BenchmarkDecide(b *testing.B) {
 			}
 		}
 	})
-	for _, st := range []namedStore{{"memory", nil}, {"redis", rs}} {
+	cluster := redistest.NewCluster(b)
+	crs := newRedis(b, cluster.Client(b), cluster.Prefix(b))
+	if err := crs.Warm(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	for _, st := range []namedStore{{"memory", nil}, {"redis", rs}, {"cluster", crs}} {
 		for _, a := range Algorithms() {
 			for _, n := range []int{1, 3} {
 				reqs := benchRequests(benchRules(b, a, n))
