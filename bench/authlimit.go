@@ -30,6 +30,13 @@ func startAuthlimit(ctx context.Context, e *runEnv, rules string, extra ...strin
 	if e.redis != nil {
 		env = append(env, "AUTHLIMIT_REDIS_URL="+e.redis.url())
 	}
+	if len(e.cluster) > 0 {
+		seeds := make([]string, 0, len(e.cluster)-1)
+		for _, r := range e.cluster[1:] {
+			seeds = append(seeds, r.addr)
+		}
+		env = append(env, "AUTHLIMIT_REDIS_MODE=cluster", "AUTHLIMIT_REDIS_URL="+e.cluster[0].url(), "AUTHLIMIT_REDIS_ADDRS="+strings.Join(seeds, ","))
+	}
 	p, err := startProc(e.dir, "authlimit", e.o.authlimit, nil, childEnv(append(env, extra...)...))
 	if err != nil {
 		return nil, "", err

@@ -23,17 +23,21 @@ type redisServer struct {
 }
 
 // startRedis starts a redis-server without persistence in dir and waits
-// until it answers PING.
-func startRedis(ctx context.Context, dir, bin string) (*redisServer, error) {
+// until it answers PING. extra adds arguments.
+func startRedis(ctx context.Context, dir, bin string, extra ...string) (*redisServer, error) {
+	return startRedisNamed(ctx, dir, "redis", bin, extra...)
+}
+
+func startRedisNamed(ctx context.Context, dir, name, bin string, extra ...string) (*redisServer, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
 	_, port, _ := strings.Cut(addr, ":")
-	p, err := startProc(dir, "redis", bin, []string{
+	p, err := startProc(dir, name, bin, append([]string{
 		"--save", "", "--appendonly", "no", "--port", port, "--bind", "127.0.0.1",
 		"--dir", dir, "--daemonize", "no",
-	}, nil)
+	}, extra...), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -203,4 +207,77 @@ func (r *redisServer) keyMemory(ctx context.Context) (keys int, bytes int64, err
 			return keys, bytes, nil
 		}
 	}
+}
+
+// clusterSlots is the number of Redis Cluster hash slots.
+const clusterSlots = 16384
+
+// startCluster starts a Redis Cluster of n primaries without replicas, each
+// serving an equal range of slots, and waits until every node says the
+// cluster is ok and knows the others.
+func startCluster(ctx context.Context, dir, bin string, n int) ([]*redisServer, error) {
+	var nodes []*redisServer
+	stop := func() {
+		for _, r := range nodes {
+			r.stop()
+		}
+	}
+	for i := 0; i < n; i++ {
+		r, err := startRedisNamed(ctx, dir, fmt.Sprintf("redis-%d", i), bin,
+			"--cluster-enabled", "yes", "--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i),
+			"--cluster-node-timeout", "5000")
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		nodes = append(nodes, r)
+	}
+	_, firstPort, _ := strings.Cut(nodes[0].addr, ":")
+	for i, r := range nodes {
+		lo, hi := i*clusterSlots/n, (i+1)*clusterSlots/n-1
+		steps := [][]any{{"cluster", "set-config-epoch", i + 1}, {"cluster", "addslotsrange", lo, hi}}
+		if i > 0 {
+			steps = append(steps, []any{"cluster", "meet", "127.0.0.1", firstPort})
+		}
+		for _, args := range steps {
+			if err := r.client.Do(ctx, args...).Err(); err != nil {
+				stop()
+				return nil, fmt.Errorf("redis cluster: %v on %s: %w", args, r.addr, err)
+			}
+		}
+	}
+	ok := func() error {
+		for _, r := range nodes {
+			info, err := r.client.ClusterInfo(ctx).Result()
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) {
+				return fmt.Errorf("%s: not ok yet", r.addr)
+			}
+		}
+		return nil
+	}
+	if err := waitReady(ctx, "redis cluster", 20*time.Second, ok, nodes[0].proc); err != nil {
+		stop()
+		return nil, err
+	}
+	return nodes, nil
+}
+
+// clusterStats sums INFO commandstats over the nodes.
+func clusterStats(ctx context.Context, nodes []*redisServer) (map[string]cmdStat, error) {
+	sum := map[string]cmdStat{}
+	for _, r := range nodes {
+		st, err := r.commandStats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range st {
+			t := sum[k]
+			t.calls, t.usec = t.calls+v.calls, t.usec+v.usec
+			sum[k] = t
+		}
+	}
+	return sum, nil
 }

@@ -158,7 +158,7 @@ func (r *report) render(b *bytes.Buffer) {
 	p("Written by `make bench` (the program in [`bench/`](.)) at the end of a complete run. ")
 	p("Each figure is the median of %d round(s); in every round each system ran once per workload, ", r.o.rounds)
 	p("the systems alternated (and their order rotated) so that noise on the shared machine spreads over all of them. ")
-	p("Every system was started fresh for each run, with a fresh redis-server where it uses one.\n\n")
+	p("Every system was started fresh for each run, with a fresh redis-server (or Redis Cluster) where it uses one.\n\n")
 
 	p("## Run\n\n| | |\n|---|---|\n")
 	p("| Date | %s – %s (UTC) |\n", f.start.UTC().Format("2006-01-02 15:04:05"), f.end.UTC().Format("15:04:05"))
@@ -212,7 +212,7 @@ func (r *report) renderReading(p func(string, ...any)) {
 	p("- **errors**: transport errors and statuses other than 200 and the denial, summed over all rounds. **200s, denials**: per run (median).\n")
 	p("- **⚠**: the system had errors, or authlimit's `/metrics` counted store errors (`authlimit_store_errors_total`) or fail-mode decisions (`authlimit_fail_mode_decisions_total`) during a run, warm-up included: then some decisions were made without Redis, and its figures do not measure Redis decisions alone. Both counters must be 0 with a healthy Redis.\n")
 	p("- **server CPU µs/decision**: user + system CPU of the system's server processes (authlimit; nginx's master and worker; both for nginx-authlimit-redis and nginx-auth-null; the null or naive server) from `/proc/<pid>/stat` over the window, per decision. `/proc` counts 10ms ticks.\n")
-	p("- **Redis CPU µs/decision (/proc)**: the same for redis-server.\n")
+	p("- **Redis CPU µs/decision (/proc)**: the same for redis-server (summed over a cluster's nodes; so is commandstats).\n")
 	p("- **Redis µs/decision (commandstats)**: the growth of `usec` in `INFO commandstats`, per decision. Redis also counts the commands a script calls, inside the script's own time, so when scripts ran only the script commands (EVAL*, FCALL*) are summed.\n\n")
 }
 
@@ -278,6 +278,7 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "authlimit-redis-3 / authlimit-redis-1", num: "authlimit-redis-3", den: "authlimit-redis-1"},
 		{label: "authlimit-memory / null", num: "authlimit-memory", den: "null"},
 		{label: "authlimit hot / null (authlimit-redis-1)", num: "authlimit-redis-1", den: "null", applies: func(w workload) bool { return w.name == "hot" }},
+		{label: "authlimit-cluster-1 / authlimit-redis-1", num: "authlimit-cluster-1", den: "authlimit-redis-1"},
 		{label: "nginx-authlimit-redis / nginx", num: "nginx-authlimit-redis", den: "nginx"},
 		{label: "nginx-lua-redis / nginx", num: "nginx-lua-redis", den: "nginx"},
 		{label: "nginx-auth-null / nginx (auth_request's ceiling)", num: "nginx-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},

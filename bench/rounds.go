@@ -96,39 +96,51 @@ func runOnce(ctx context.Context, o *options, s system, w workload, reqs [][]byt
 	}
 	defer os.RemoveAll(dir)
 	e := &runEnv{o: o, dir: dir, workload: w.name}
-	if s.usesRedis {
+	var nodes []*redisServer // every redis-server of the run
+	switch {
+	case s.cluster:
+		if e.cluster, err = startCluster(ctx, dir, o.redis, clusterPrimaries); err != nil {
+			return nil, err
+		}
+		nodes = e.cluster
+	case s.usesRedis:
 		if e.redis, err = startRedis(ctx, dir, o.redis); err != nil {
 			return nil, err
 		}
-		defer e.redis.stop()
+		nodes = []*redisServer{e.redis}
 	}
+	defer func() {
+		for _, r := range nodes {
+			r.stop()
+		}
+	}()
 	in, err := s.start(ctx, e)
 	if err != nil {
 		return nil, err
 	}
 	defer in.stop()
 
-	res := &runResult{hasRedis: e.redis != nil}
+	res := &runResult{hasRedis: len(nodes) > 0}
 	servers := processTree(in.cpuRoots...)
 	var redisPids []int
-	if e.redis != nil {
-		redisPids = []int{e.redis.proc.pid()}
+	for _, r := range nodes {
+		redisPids = append(redisPids, r.proc.pid())
 	}
 	var cpu0, rcpu0 time.Duration
 	var cs0 map[string]cmdStat
 	atStart := func() error {
 		cpu0, rcpu0 = cpuTime(servers), cpuTime(redisPids)
-		if e.redis == nil {
+		if len(nodes) == 0 {
 			return nil
 		}
 		var err error
-		cs0, err = e.redis.commandStats(ctx)
+		cs0, err = clusterStats(ctx, nodes)
 		return err
 	}
 	atEnd := func() error {
 		res.serverCPU, res.redisCPU = cpuTime(servers)-cpu0, cpuTime(redisPids)-rcpu0
-		if e.redis != nil {
-			cs1, err := e.redis.commandStats(ctx)
+		if len(nodes) > 0 {
+			cs1, err := clusterStats(ctx, nodes)
 			if err != nil {
 				return err
 			}

@@ -18,7 +18,7 @@ const luaModule = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 // systemNames lists every system in the order of the results tables.
 func systemNames() []string {
 	return []string{
-		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3",
+		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3", "authlimit-cluster-1",
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
 	}
 }
@@ -28,6 +28,7 @@ type system struct {
 	name      string
 	about     string // one line for the results
 	usesRedis bool   // gets a fresh redis-server per run
+	cluster   bool   // gets a fresh Redis Cluster per run instead
 	nginx     bool   // needs nginx
 	lua       bool   // needs nginx's Lua module
 	path      string // the path the load requests
@@ -37,10 +38,14 @@ type system struct {
 // runEnv is what a system starts with.
 type runEnv struct {
 	o        *options
-	dir      string       // a fresh directory for this run
-	workload string       // "ips" or "hot"
-	redis    *redisServer // nil unless the system uses Redis
+	dir      string         // a fresh directory for this run
+	workload string         // "ips" or "hot"
+	redis    *redisServer   // nil unless the system uses Redis
+	cluster  []*redisServer // the primaries, if the system uses a Redis Cluster
 }
+
+// clusterPrimaries is the size of a cluster system's Redis Cluster.
+const clusterPrimaries = 3
 
 // instance is a started system.
 type instance struct {
@@ -95,6 +100,7 @@ func catalogue() []system {
 		{name: "authlimit-memory", about: "authlimit, embedded memory store, 1 rule", path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-1", about: "authlimit on Redis, 1 rule (sliding_window_counter)", usesRedis: true, path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-3", about: "authlimit on Redis, 3 rules on the same key (sliding_window_counter, token_bucket, gcra)", usesRedis: true, path: "/auth", start: authlimitSystem(true)},
+		{name: "authlimit-cluster-1", about: fmt.Sprintf("authlimit on a Redis Cluster of %d primaries (no replicas), 1 rule (sliding_window_counter)", clusterPrimaries), cluster: true, path: "/auth", start: authlimitSystem(false)},
 		{name: "nginx", about: "nginx alone serving a small static file", nginx: true, path: "/", start: startNginxStatic},
 		{name: "nginx-limit_req", about: "nginx `limit_req` per client address (rate=100r/s burst=200 nodelay) in front of the static file", nginx: true, path: "/", start: startNginxLimitReq},
 		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: "/", start: startNginxLuaRedis},
