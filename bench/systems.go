@@ -100,7 +100,7 @@ func catalogue() []system {
 		{name: "authlimit-memory", about: "authlimit, embedded memory store, 1 rule", path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-1", about: "authlimit on Redis, 1 rule (sliding_window_counter)", usesRedis: true, path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-3", about: "authlimit on Redis, 3 rules on the same key (sliding_window_counter, token_bucket, gcra)", usesRedis: true, path: "/auth", start: authlimitSystem(true)},
-		{name: "authlimit-cluster-1", about: fmt.Sprintf("authlimit on a Redis Cluster of %d primaries (no replicas), 1 rule (sliding_window_counter)", clusterPrimaries), cluster: true, path: "/auth", start: authlimitSystem(false)},
+		{name: "authlimit-cluster-1", about: fmt.Sprintf("authlimit on a Redis Cluster of %d primaries (no replicas, sharing the same cores as everything else), 1 rule (sliding_window_counter)", clusterPrimaries), cluster: true, path: "/auth", start: authlimitSystem(false)},
 		{name: "nginx", about: "nginx alone serving a small static file", nginx: true, path: "/", start: startNginxStatic},
 		{name: "nginx-limit_req", about: "nginx `limit_req` per client address (rate=100r/s burst=200 nodelay) in front of the static file", nginx: true, path: "/", start: startNginxLimitReq},
 		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: "/", start: startNginxLuaRedis},
