@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/authlimit/authlimit/internal/race"
-	"github.com/authlimit/authlimit/internal/redistest"
 )
 
 // goRedisAllocs is what go-redis allocates per call on this path: the
@@ -23,11 +22,7 @@ func TestRedisAllocatesOnlyInGoRedis(t *testing.T) {
 		t.Skip("allocation counts mean nothing under the race detector; make test runs this test without it")
 	}
 	standalone, _, _ := newRedisStore(t, nil)
-	cluster := redistest.NewCluster(t)
-	inCluster := newRedis(t, cluster.Client(t), cluster.Prefix(t))
-	if err := inCluster.Warm(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	inCluster, _ := newClusterStore(t)
 	for _, st := range []struct {
 		name string
 		rs   *Redis

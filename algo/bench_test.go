@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/authlimit/authlimit/internal/redistest"
 )
 
 // benchKeys is how many distinct keys a benchmark cycles through, generated
@@ -58,11 +56,7 @@ func BenchmarkDecide(b *testing.B) {
 			}
 		}
 	})
-	cluster := redistest.NewCluster(b)
-	crs := newRedis(b, cluster.Client(b), cluster.Prefix(b))
-	if err := crs.Warm(context.Background()); err != nil {
-		b.Fatal(err)
-	}
+	crs, _ := newClusterStore(b)
 	for _, st := range []namedStore{{"memory", nil}, {"redis", rs}, {"cluster", crs}} {
 		for _, a := range Algorithms() {
 			for _, n := range []int{1, 3} {

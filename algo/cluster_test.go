@@ -32,15 +32,8 @@ func TestSlotMatchesRedis(t *testing.T) {
 // slots: they are admitted when every slot admits, and a denial in one slot
 // leaves the other slots' state as it was.
 func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
-	cluster := redistest.NewCluster(t)
-	rs := newRedis(t, cluster.Client(t), cluster.Prefix(t))
-	if rs.cluster == nil {
-		t.Fatal("a cluster client did not make a cluster store")
-	}
+	rs, _ := newClusterStore(t)
 	ctx := context.Background()
-	if err := rs.Warm(ctx); err != nil {
-		t.Fatal(err)
-	}
 	for _, a := range Algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
 			ra := mustPolicy(t, Spec{Name: "a-" + a.String(), Algorithm: a, Limit: 3, Window: time.Minute})
@@ -77,13 +70,8 @@ func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
 // so the SMS case (1/min + 5/h + 10/day on one phone number) is one atomic
 // call in a cluster.
 func TestClusterSameKeyIsOneCall(t *testing.T) {
-	cluster := redistest.NewCluster(t)
-	client := cluster.Client(t)
-	rs := newRedis(t, client, cluster.Prefix(t))
+	rs, client := newClusterStore(t)
 	ctx := context.Background()
-	if err := rs.Warm(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var reqs []Request
 	for _, l := range []struct {
 		n int64
@@ -134,13 +122,8 @@ func TestClusterSameKeyIsOneCall(t *testing.T) {
 // source, alone or in a pipeline of several calls to that primary; refunds
 // too.
 func TestClusterLostScripts(t *testing.T) {
-	cluster := redistest.NewCluster(t)
-	client := cluster.Client(t)
-	rs := newRedis(t, client, cluster.Prefix(t))
+	rs, client := newClusterStore(t)
 	ctx := context.Background()
-	if err := rs.Warm(ctx); err != nil {
-		t.Fatal(err)
-	}
 	flush := func() {
 		t.Helper()
 		if err := client.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {

@@ -130,16 +130,24 @@ func (r *Redis) partFor(c *call, key []byte) *part {
 	} else if len(c.parts) == 1 {
 		return &c.parts[0]
 	}
-	if len(c.parts) < cap(c.parts) {
-		c.parts = c.parts[:len(c.parts)+1]
-	} else {
-		c.parts = append(c.parts, part{})
-	}
-	p := &c.parts[len(c.parts)-1]
+	var p *part
+	c.parts, p = extend(c.parts)
 	p.c = c
 	p.buf = binary.LittleEndian.AppendUint64(append(p.buf[:0], 0), math.Float64bits(c.id))
 	p.idx, p.ids, p.costs, p.keyAt, p.slot, p.admitted, p.err = p.idx[:0], p.ids[:0], p.costs[:0], p.keyAt[:0], s, false, nil
 	return p
+}
+
+// extend returns s one element longer, reusing its capacity and whatever
+// the new element held there (its buffers), and a pointer to that element.
+func extend[T any](s []T) ([]T, *T) {
+	if len(s) < cap(s) {
+		s = s[:len(s)+1]
+	} else {
+		var zero T
+		s = append(s, zero)
+	}
+	return s, &s[len(s)-1]
 }
 
 // complete hands c's outcome to its caller, or, if the caller has given up,

@@ -111,12 +111,8 @@ func (cw *clusterWork) slotCall(s uint16) *slotCall {
 		return &cw.calls[i]
 	}
 	cw.bySlot[s] = len(cw.calls)
-	if len(cw.calls) < cap(cw.calls) {
-		cw.calls = cw.calls[:len(cw.calls)+1]
-	} else {
-		cw.calls = append(cw.calls, slotCall{})
-	}
-	sc := &cw.calls[len(cw.calls)-1]
+	var sc *slotCall
+	cw.calls, sc = extend(cw.calls)
 	sc.slot = s
 	return sc
 }

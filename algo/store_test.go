@@ -75,6 +75,22 @@ func newRedisStore(t testing.TB, opts *redis.Options) (*Redis, *redis.Client, *r
 	return newRedis(t, c, srv.Prefix(t)), c, srv
 }
 
+// newClusterStore returns a warm Redis store on a fresh Redis Cluster of
+// three primaries (the script's own clock), and the cluster client.
+func newClusterStore(t testing.TB) (*Redis, *redis.ClusterClient) {
+	t.Helper()
+	cluster := redistest.NewCluster(t)
+	client := cluster.Client(t)
+	rs := newRedis(t, client, cluster.Prefix(t))
+	if rs.cluster == nil {
+		t.Fatal("a cluster client did not make a cluster store")
+	}
+	if err := rs.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return rs, client
+}
+
 // newRedis returns a Redis store with a generous budget (tests run on busy
 // machines) and closes it when t ends.
 func newRedis(t testing.TB, c redis.UniversalClient, prefix string) *Redis {
