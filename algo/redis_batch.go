@@ -278,15 +278,19 @@ func (r *Redis) run(w *worker, due time.Time) {
 	if !due.IsZero() {
 		deadline = due
 	}
-	// Its deadline is all the context a call needs from a client that
-	// applies it to the connection, and the worker's own costs no
-	// allocation and no timer.
-	w.deadline.at = deadline
-	ctx := &w.deadline
 	if r.cluster != nil {
+		// A context that is done at the deadline: a dial or a pool wait for
+		// a primary that just died must end within the budget, or it holds
+		// the worker, and the batches of the healthy primaries behind it.
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
 		r.runCluster(ctx, w, live)
 		return
 	}
+	// One call on one connection: its deadline is all the context it
+	// needs, and the worker's own costs no allocation and no timer.
+	w.deadline.at = deadline
+	ctx := &w.deadline
 	w.parts = w.parts[:0]
 	for _, c := range live {
 		w.parts = append(w.parts, &c.parts[0])
