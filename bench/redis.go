@@ -23,11 +23,13 @@ type redisServer struct {
 }
 
 // startRedis starts a redis-server without persistence in dir and waits
-// until it answers PING. extra adds arguments.
-func startRedis(ctx context.Context, dir, bin string, extra ...string) (*redisServer, error) {
-	return startRedisNamed(ctx, dir, "redis", bin, extra...)
+// until it answers PING.
+func startRedis(ctx context.Context, dir, bin string) (*redisServer, error) {
+	return startRedisNamed(ctx, dir, "redis", bin)
 }
 
+// startRedisNamed is startRedis with the process's name (its log file) and
+// extra arguments.
 func startRedisNamed(ctx context.Context, dir, name, bin string, extra ...string) (*redisServer, error) {
 	addr, err := freeAddr()
 	if err != nil {
@@ -265,8 +267,9 @@ func startCluster(ctx context.Context, dir, bin string, n int) ([]*redisServer, 
 	return nodes, nil
 }
 
-// clusterStats sums INFO commandstats over the nodes.
-func clusterStats(ctx context.Context, nodes []*redisServer) (map[string]cmdStat, error) {
+// sumCommandStats sums INFO commandstats over the nodes: one server, or
+// a cluster's primaries.
+func sumCommandStats(ctx context.Context, nodes []*redisServer) (map[string]cmdStat, error) {
 	sum := map[string]cmdStat{}
 	for _, r := range nodes {
 		st, err := r.commandStats(ctx)

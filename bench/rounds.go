@@ -134,13 +134,13 @@ func runOnce(ctx context.Context, o *options, s system, w workload, reqs [][]byt
 			return nil
 		}
 		var err error
-		cs0, err = clusterStats(ctx, nodes)
+		cs0, err = sumCommandStats(ctx, nodes)
 		return err
 	}
 	atEnd := func() error {
 		res.serverCPU, res.redisCPU = cpuTime(servers)-cpu0, cpuTime(redisPids)-rcpu0
 		if len(nodes) > 0 {
-			cs1, err := clusterStats(ctx, nodes)
+			cs1, err := sumCommandStats(ctx, nodes)
 			if err != nil {
 				return err
 			}
