@@ -6,6 +6,7 @@
 package handler
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -90,9 +91,9 @@ type Handler struct {
 	v4, v6       int
 	denyStatus   int
 	shadow       bool
-	methodHeader string
-	uriHeader    string
-	hostHeader   string
+	methodHeader []byte // the header names, in the form fasthttp keeps
+	uriHeader    []byte // a parsed request's header names: looked up
+	hostHeader   []byte // without normalizing them again per request
 	urlHeader    string
 	metrics      *metrics
 	serveMetrics fasthttp.RequestHandler
@@ -150,9 +151,9 @@ func New(opts Options) (*Handler, error) {
 		v6:           opts.IPv6Prefix,
 		denyStatus:   opts.DenyStatus,
 		shadow:       opts.Shadow,
-		methodHeader: opts.MethodHeader,
-		uriHeader:    opts.URIHeader,
-		hostHeader:   opts.HostHeader,
+		methodHeader: canonicalHeader(opts.MethodHeader),
+		uriHeader:    canonicalHeader(opts.URIHeader),
+		hostHeader:   canonicalHeader(opts.HostHeader),
 		urlHeader:    opts.URLHeader,
 		metrics:      m,
 		serveMetrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{})),
@@ -243,7 +244,7 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	// X-Ratelimit-Limit); HTTP does not care, people reading them do.
 	ctx.Response.Header.DisableNormalizing()
 
-	ip := h.proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.Peek("X-Real-IP"), peer(ctx))
+	ip := h.proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.PeekCanonical(xRealIP), peer(ctx))
 	if contains(h.block, ip) {
 		h.metrics.blocked.Inc()
 		h.problem(ctx, sc, h.denyStatus, "blocked", "The client address is blocked.", nil)
@@ -339,7 +340,7 @@ func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) boo
 	hdr := &ctx.Request.Header
 	sc.hdrs.h = hdr
 	buf := sc.buf[:0]
-	method := hdr.Peek(h.methodHeader)
+	method := hdr.PeekCanonical(h.methodHeader)
 	if len(method) == 0 {
 		method = ctx.Method()
 	}
@@ -354,10 +355,10 @@ func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) boo
 			return false
 		}
 	} else {
-		if uri = hdr.Peek(h.uriHeader); len(uri) == 0 {
+		if uri = hdr.PeekCanonical(h.uriHeader); len(uri) == 0 {
 			uri = ctx.Path()
 		}
-		if host = hdr.Peek(h.hostHeader); len(host) == 0 {
+		if host = hdr.PeekCanonical(h.hostHeader); len(host) == 0 {
 			host = hdr.Host()
 		}
 	}
@@ -434,7 +435,7 @@ func (h *Handler) respond(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.Resu
 		return
 	}
 	sc.out = strconv.AppendInt(sc.out[:0], ceilSeconds(retry, 1), 10)
-	ctx.Response.Header.SetBytesV(fasthttp.HeaderRetryAfter, sc.out)
+	ctx.Response.Header.SetCanonical(retryAfter, sc.out)
 	h.problem(ctx, sc, h.denyStatus, "rate-limited", "Too many requests.", res)
 }
 
@@ -460,20 +461,20 @@ func (h *Handler) setHeaders(ctx *fasthttp.RequestCtx, sc *scratch, res []algo.R
 		return
 	}
 	rh := &ctx.Response.Header
-	rh.SetBytesV("RateLimit-Policy", out)
+	rh.SetCanonical(rateLimitPolicy, out)
 	r := res[most]
 	out = strconv.AppendInt(out[:0], r.Limit, 10)
-	rh.SetBytesV("X-RateLimit-Limit", out)
+	rh.SetCanonical(xRateLimitLimit, out)
 	out = strconv.AppendInt(out[:0], r.Remaining, 10)
-	rh.SetBytesV("X-RateLimit-Remaining", out)
+	rh.SetCanonical(xRateLimitRemaining, out)
 	out = strconv.AppendInt(out[:0], ceilSeconds(time.Duration(now.UnixNano())+r.ResetAfter, 0), 10)
-	rh.SetBytesV("X-RateLimit-Reset", out)
+	rh.SetCanonical(xRateLimitReset, out)
 	out = append(out[:0], h.names[sc.rules[most]]...)
 	out = append(out, ";r="...)
 	out = strconv.AppendInt(out, r.Remaining, 10)
 	out = append(out, ";t="...)
 	out = strconv.AppendInt(out, ceilSeconds(r.ResetAfter, 0), 10)
-	rh.SetBytesV("RateLimit", out)
+	rh.SetCanonical(rateLimit, out)
 	sc.out = out
 }
 
@@ -491,6 +492,29 @@ func moreRestrictive(a, b algo.Result, admitted bool) bool {
 		return a.Remaining < b.Remaining
 	}
 	return a.ResetAfter > b.ResetAfter
+}
+
+// The response headers' names as written: the response's names are not
+// normalized (see auth), so SetCanonical writes them as they are.
+var (
+	rateLimitPolicy     = []byte("RateLimit-Policy")
+	rateLimit           = []byte("RateLimit")
+	xRateLimitLimit     = []byte("X-RateLimit-Limit")
+	xRateLimitRemaining = []byte("X-RateLimit-Remaining")
+	xRateLimitReset     = []byte("X-RateLimit-Reset")
+	retryAfter          = []byte(fasthttp.HeaderRetryAfter)
+	xRealIP             = canonicalHeader("X-Real-IP")
+)
+
+// canonicalHeader returns name as fasthttp keeps it in a parsed request's
+// headers, for RequestHeader.PeekCanonical.
+func canonicalHeader(name string) []byte {
+	var rh fasthttp.RequestHeader
+	rh.Set(name, "-")
+	for k := range rh.All() {
+		return bytes.Clone(k)
+	}
+	return []byte(name)
 }
 
 // ceilSeconds rounds d up to whole seconds, at least floor.

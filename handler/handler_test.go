@@ -144,6 +144,53 @@ func rawAuth(lines ...string) string {
 	return "GET /auth HTTP/1.1\r\nHost: authlimit\r\nX-Forwarded-For: 203.0.113.7\r\n" + strings.Join(lines, "\r\n") + "\r\n\r\n"
 }
 
+// TestHeaderNamesInAnyCase: the method, URI and host headers are found
+// whatever the case of their configured names and of the request's lines,
+// the Host header itself included, and so is X-Real-IP.
+func TestHeaderNamesInAnyCase(t *testing.T) {
+	const rule = "name=login key=ip limit=1/1h method=POST path=/login host=api.example.com"
+	const xff = "X-Forwarded-For: 203.0.113.7"
+	for _, tc := range []struct {
+		name              string
+		method, uri, host string
+		lines             []string // after the request line
+		applies           bool
+	}{
+		{"as documented", "X-Forwarded-Method", "X-Forwarded-Uri", "X-Forwarded-Host",
+			[]string{"Host: authlimit", xff, "X-Forwarded-Method: POST", "X-Forwarded-Uri: /login", "X-Forwarded-Host: api.example.com"}, true},
+		{"names in odd case", "x-ORIGINAL-method", "X-original-URI", "x-original-host",
+			[]string{"Host: authlimit", xff, "x-original-method: POST", "X-ORIGINAL-URI: /login", "X-Original-Host: api.example.com"}, true},
+		{"the Host header itself", "X-Forwarded-Method", "X-Forwarded-Uri", "host",
+			[]string{"HOST: api.example.com", xff, "X-Forwarded-Method: POST", "X-Forwarded-Uri: /login"}, true},
+		{"another method", "X-Forwarded-Method", "X-Forwarded-Uri", "X-Forwarded-Host",
+			[]string{"Host: authlimit", xff, "X-Forwarded-Method: GET", "X-Forwarded-Uri: /login", "X-Forwarded-Host: api.example.com"}, false},
+		{"X-Real-IP in lower case", "X-Forwarded-Method", "X-Forwarded-Uri", "X-Forwarded-Host",
+			[]string{"Host: authlimit", "x-real-ip: 198.51.100.9", "X-Forwarded-Method: POST", "X-Forwarded-Uri: /login", "X-Forwarded-Host: api.example.com"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHandler(t, rule, func(o *Options) {
+				o.MethodHeader, o.URIHeader, o.HostHeader = tc.method, tc.uri, tc.host
+			})
+			raw := "GET /auth HTTP/1.1\r\n" + strings.Join(tc.lines, "\r\n") + "\r\n\r\n"
+			first := serveRaw(t, h, raw)
+			if got := len(first.Response.Header.Peek("RateLimit-Policy")) > 0; got != tc.applies {
+				t.Fatalf("rule applied %v, want %v (%d %q)", got, tc.applies, first.Response.StatusCode(), first.Response.Body())
+			}
+			if !tc.applies {
+				return
+			}
+			if second := serveRaw(t, h, raw); second.Response.StatusCode() != 429 {
+				t.Fatalf("second request: %d, want 429", second.Response.StatusCode())
+			}
+			// Another client has its own budget: the client was read.
+			other := strings.NewReplacer("203.0.113.7", "203.0.113.8", "198.51.100.9", "198.51.100.10").Replace(raw)
+			if third := serveRaw(t, h, other); third.Response.StatusCode() != 200 {
+				t.Fatalf("another client: %d, want 200", third.Response.StatusCode())
+			}
+		})
+	}
+}
+
 // TestRepeatedHeader: a key or cost header that a request has more than
 // once is refused with the deny status and urn:authlimit:repeated-header,
 // and counts nothing, for the headers fasthttp keeps one value of
