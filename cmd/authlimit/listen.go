@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// listener is the server's listener. It keeps the connections it accepts,
+// so that shutdown can close those that never sent a byte, wraps each in a
+// conn, and counts them.
+type listener struct {
+	net.Listener
+	maxHeader int                // the largest header block: fasthttp refuses larger ones itself
+	accepted  prometheus.Counter // every connection accepted
+
+	mu       sync.Mutex
+	conns    map[*conn]struct{}
+	shutting bool
+}
+
+// newListener wraps l; accepted counts every connection it accepts.
+func newListener(l net.Listener, maxHeader int, accepted prometheus.Counter) *listener {
+	return &listener{Listener: l, maxHeader: maxHeader, accepted: accepted, conns: map[*conn]struct{}{}}
+}
+
+// Accept returns the next connection; once shutdown began, it closes new
+// ones at once (the listener itself closes a moment later).
+func (l *listener) Accept() (net.Conn, error) {
+	for {
+		nc, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		l.accepted.Inc()
+		c := &conn{Conn: nc, l: l, scanning: true}
+		l.mu.Lock()
+		shutting := l.shutting
+		if !shutting {
+			l.conns[c] = struct{}{}
+		}
+		l.mu.Unlock()
+		if !shutting {
+			return c, nil
+		}
+		_ = nc.Close()
+	}
+}
+
+// closeSilent starts the shutdown: it closes every connection that has not
+// sent a byte, and any accepted from now on.
+func (l *listener) closeSilent() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.shutting = true
+	for c := range l.conns {
+		if c.state.CompareAndSwap(connSilent, connShut) {
+			_ = c.Conn.Close()
+		}
+	}
+}
+
+// conn is a served connection. It tells whether it ever sent a byte, and
+// refuses a request whose header block ends in bare line feeds ("GET /
+// HTTP/1.1\nHost: x\n\n"): fasthttp looks for CRLF CRLF alone, and would
+// wait for it until the read timeout answered 408. RFC 9112 lets a server
+// refuse such a request; fasthttp then answers 400 and closes.
+type conn struct {
+	net.Conn
+	l     *listener
+	state atomic.Int32 // connSilent, then connSpoke or connShut
+
+	// Read and Write run on the connection's one serving goroutine: the
+	// fields below need no lock.
+	scanning bool   // the bytes read since the last answer may start a header block
+	head     []byte // those bytes, while the block has not ended
+	refused  bool   // a header block ended in bare line feeds
+}
+
+const (
+	connSilent int32 = iota // no byte read yet
+	connSpoke               // a byte read: it carries, or carried, a request
+	connShut                // closed by shutdown while silent
+)
+
+// errBareLF refuses a header block that ends in bare line feeds.
+var errBareLF = errors.New("header block ends in bare line feeds; HTTP/1.1 wants CRLF")
+
+func (c *conn) Read(p []byte) (int, error) {
+	if c.refused {
+		return 0, errBareLF
+	}
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.state.CompareAndSwap(connSilent, connSpoke)
+		if c.scanning && c.bareLF(p[:n]) {
+			c.refused = true
+			return n, errBareLF
+		}
+	}
+	return n, err
+}
+
+// continueLine starts the interim answer to "Expect: 100-continue", after
+// which the same request's body comes.
+var continueLine = []byte("HTTP/1.1 100 ")
+
+func (c *conn) Write(p []byte) (int, error) {
+	// An answer ends its request: what is read next starts another. (A
+	// pipelined request fasthttp read before this answer is not looked
+	// at: no proxy pipelines, and such a one still gets its 408.)
+	if !bytes.HasPrefix(p, continueLine) {
+		c.scanning, c.head = true, c.head[:0]
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *conn) Close() error {
+	c.l.mu.Lock()
+	delete(c.l.conns, c)
+	c.l.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// bareLF looks at b, read after the bytes kept in c.head, for the end of a
+// request's header block, and reports whether it ends in bare line feeds.
+// Once the block ended well, or what was read is no request line, it stops
+// looking until the next answer.
+func (c *conn) bareLF(b []byte) bool {
+	if len(c.head) > 0 {
+		c.head = append(c.head, b...)
+		b = c.head
+	}
+	switch headerEnd(b) {
+	case headerBareLF:
+		return true
+	case headerOpen:
+		if len(b) <= c.l.maxHeader {
+			if len(c.head) == 0 {
+				c.head = append(c.head, b...)
+			}
+			return false
+		}
+	}
+	c.scanning, c.head = false, nil
+	return false
+}
+
+// headerKind is what headerEnd found.
+type headerKind int
+
+const (
+	headerOpen   headerKind = iota // the header block has not ended yet
+	headerCRLF                     // it ended as fasthttp reads it
+	headerBareLF                   // it ended in bare line feeds
+	headerOther                    // no request line: a body, or garbage fasthttp refuses itself
+)
+
+// headerEnd finds where the header block starting b ends, as RFC 9112
+// reads it: lines end in LF, with or without CR; empty lines before the
+// request line are skipped. fasthttp reads a block that ends in CRLF CRLF,
+// or an empty one ending in CRLF; it would wait on any other.
+func headerEnd(b []byte) headerKind {
+	for {
+		if rest, ok := bytes.CutPrefix(b, []byte("\r\n")); ok {
+			b = rest
+		} else if rest, ok := bytes.CutPrefix(b, []byte("\n")); ok {
+			b = rest
+		} else {
+			break
+		}
+	}
+	first := bytes.IndexByte(b, '\n')
+	if first < 0 {
+		return headerOpen
+	}
+	if !isRequestLine(bytes.TrimSuffix(b[:first], []byte("\r"))) {
+		return headerOther
+	}
+	for end := first + 1; ; {
+		i := bytes.IndexByte(b[end:], '\n')
+		if i < 0 {
+			return headerOpen
+		}
+		line := b[end : end+i]
+		end += i + 1
+		if len(line) > 1 || len(line) == 1 && line[0] != '\r' {
+			continue
+		}
+		if bytes.HasSuffix(b[:end], []byte("\r\n\r\n")) || end == first+3 && len(line) == 1 {
+			return headerCRLF
+		}
+		return headerBareLF
+	}
+}
+
+// isRequestLine reports whether line ends in an HTTP version, as fasthttp
+// wants a request line to ("GET / HTTP/1.1").
+func isRequestLine(line []byte) bool {
+	n := len(line)
+	return n > 9 && string(line[n-9:n-3]) == " HTTP/" && line[n-2] == '.' &&
+		'0' <= line[n-3] && line[n-3] <= '9' && '0' <= line[n-1] && line[n-1] <= '9'
+}
