@@ -61,7 +61,9 @@ func startApp(t *testing.T, environ map[string]string) *testApp {
 	ln := fasthttputil.NewInmemoryListener()
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- a.serve(ctx, newListener(ln, s.MaxHeaderBytes, a.accepted), 5*time.Second) }()
+	go func() {
+		served <- a.serve(ctx, newListener(ln, s.MaxHeaderBytes, a.accepted, serverTimeouts), 5*time.Second)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {

@@ -6,8 +6,11 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/authlimit/authlimit/algo"
 )
 
 // listener is the server's listener. It keeps the connections it accepts,
@@ -17,16 +20,42 @@ type listener struct {
 	net.Listener
 	maxHeader int                // the largest header block: fasthttp refuses larger ones itself
 	accepted  prometheus.Counter // every connection accepted
+	timeouts  timeouts
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
 	shutting bool
 }
 
-// newListener wraps l; accepted counts every connection it accepts.
-func newListener(l net.Listener, maxHeader int, accepted prometheus.Counter) *listener {
-	return &listener{Listener: l, maxHeader: maxHeader, accepted: accepted, conns: map[*conn]struct{}{}}
+// newListener wraps l; accepted counts every connection it accepts, and
+// each keeps the timeouts t.
+func newListener(l net.Listener, maxHeader int, accepted prometheus.Counter, t timeouts) *listener {
+	return &listener{Listener: l, maxHeader: maxHeader, accepted: accepted, timeouts: t, conns: map[*conn]struct{}{}}
 }
+
+// timeouts bound how long a client holds a connection. conn keeps them,
+// not fasthttp: fasthttp's ReadTimeout, WriteTimeout and IdleTimeout set
+// three deadlines for every request, each a timer reset and two readings
+// of the clock. conn reads the clock once a request, and sets a deadline
+// on the socket only when the one it set before passes (see conn.Read).
+type timeouts struct {
+	// read bounds a request, from its first byte to its last, and a new
+	// connection's wait for its first request.
+	read time.Duration
+	// write bounds an answer: it is written within read + write of its
+	// request's first byte.
+	write time.Duration
+	// idle bounds a keep-alive connection's wait for its next request,
+	// from the first byte of the one before. It is at least read, which
+	// conn.Read relies on.
+	idle time.Duration
+}
+
+// serverTimeouts are authlimit's. The write timeout covers a request held
+// by a shaping rule; the idle one is longer than the proxies' upstream
+// keep-alive, so that authlimit never closes a connection a proxy is about
+// to reuse.
+var serverTimeouts = timeouts{read: 10 * time.Second, write: 10*time.Second + algo.MaxDelay, idle: 2 * time.Minute}
 
 // Accept returns the next connection; once shutdown began, it closes new
 // ones at once (the listener itself closes a moment later).
@@ -37,7 +66,14 @@ func (l *listener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		l.accepted.Inc()
-		c := &conn{Conn: nc, l: l, scanning: true}
+		c := &conn{Conn: nc, l: l, scanning: true, start: time.Now()}
+		// The first deadlines: no later than any this connection's
+		// requests will have (see conn.Read).
+		t := l.timeouts
+		if nc.SetReadDeadline(c.start.Add(t.read)) != nil || nc.SetWriteDeadline(c.start.Add(t.read+t.write)) != nil {
+			_ = nc.Close()
+			continue
+		}
 		l.mu.Lock()
 		shutting := l.shutting
 		if !shutting {
@@ -76,9 +112,11 @@ type conn struct {
 
 	// Read and Write run on the connection's one serving goroutine: the
 	// fields below need no lock.
-	scanning bool   // the bytes read since the last answer may start a header block
-	head     []byte // those bytes, while the block has not ended
-	refused  bool   // a header block ended in bare line feeds
+	scanning bool      // the bytes read since the last answer may start a header block
+	head     []byte    // those bytes, while the block has not ended
+	refused  bool      // a header block ended in bare line feeds
+	busy     bool      // a request's bytes came, its answer is not written yet
+	start    time.Time // the first byte of the last request; before one, the accept
 }
 
 const (
@@ -90,12 +128,26 @@ const (
 // errBareLF refuses a header block that ends in bare line feeds.
 var errBareLF = errors.New("header block ends in bare line feeds; HTTP/1.1 wants CRLF")
 
+// Read reads the request bytes, within the connection's timeouts.
+//
+// The deadline set on the socket is never later than the one the
+// connection has now, nor than any it can have later: a request's read
+// deadline is its first byte plus the read timeout, so one set at time t
+// is at most t plus the read timeout. When that deadline passes first,
+// Read sets the next and reads on; a busy connection does so about once a
+// read timeout, not once a request.
 func (c *conn) Read(p []byte) (int, error) {
 	if c.refused {
 		return 0, errBareLF
 	}
 	n, err := c.Conn.Read(p)
+	for n == 0 && isTimeout(err) && c.extend(c.Conn.SetReadDeadline, c.readDeadline(), c.l.timeouts.read) {
+		n, err = c.Conn.Read(p)
+	}
 	if n > 0 {
+		if !c.busy {
+			c.busy, c.start = true, time.Now()
+		}
 		c.state.CompareAndSwap(connSilent, connSpoke)
 		if c.scanning && c.bareLF(p[:n]) {
 			c.refused = true
@@ -114,9 +166,40 @@ func (c *conn) Write(p []byte) (int, error) {
 	// pipelined request fasthttp read before this answer is not looked
 	// at: no proxy pipelines, and such a one still gets its 408.)
 	if !bytes.HasPrefix(p, continueLine) {
-		c.scanning, c.head = true, c.head[:0]
+		c.scanning, c.head, c.busy = true, c.head[:0], false
 	}
-	return c.Conn.Write(p)
+	t := c.l.timeouts
+	n, err := c.Conn.Write(p)
+	for n < len(p) && isTimeout(err) && c.extend(c.Conn.SetWriteDeadline, c.start.Add(t.read+t.write), t.read+t.write) {
+		var m int
+		m, err = c.Conn.Write(p[n:])
+		n += m
+	}
+	return n, err
+}
+
+// readDeadline is when the connection's wait for bytes ends: a request's
+// read timeout after its first byte (or the connection's accept), or
+// between requests the idle timeout after the last one's first byte.
+func (c *conn) readDeadline() time.Time {
+	if c.busy || c.state.Load() == connSilent {
+		return c.start.Add(c.l.timeouts.read)
+	}
+	return c.start.Add(c.l.timeouts.idle)
+}
+
+// extend is called when a deadline set on the socket passed: if the
+// connection's own deadline d has not, it sets the next one, d or at most
+// longest from now, and reports true.
+func (c *conn) extend(set func(time.Time) error, d time.Time, longest time.Duration) bool {
+	now := time.Now()
+	if !now.Before(d) {
+		return false
+	}
+	if next := now.Add(longest); next.Before(d) {
+		d = next
+	}
+	return set(d) == nil
 }
 
 func (c *conn) Close() error {

@@ -108,7 +108,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		defer stopPprof()
 	}
 
-	return a.serve(ctx, newListener(l, s.MaxHeaderBytes, a.accepted), s.ShutdownTimeout)
+	return a.serve(ctx, newListener(l, s.MaxHeaderBytes, a.accepted, serverTimeouts), s.ShutdownTimeout)
 }
 
 // app is a configured authlimit: the handler, its server and its stores.
@@ -274,11 +274,8 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		NoDefaultContentType:  true,
 		ReadBufferSize:        s.MaxHeaderBytes,
 		MaxRequestBodySize:    64 << 10,
-		ReadTimeout:           10 * time.Second,
-		WriteTimeout:          10*time.Second + algo.MaxDelay,
-		// Longer than the proxies' upstream keep-alive, so that authlimit
-		// never closes a connection a proxy is about to reuse.
-		IdleTimeout:     2 * time.Minute,
+		// No ReadTimeout, WriteTimeout or IdleTimeout: the listener's
+		// conns keep serverTimeouts.
 		CloseOnShutdown: true,
 		ErrorHandler:    errorHandler,
 		Logger:          fasthttpLogger{log},

@@ -64,7 +64,7 @@ func TestShutdownClosesIdleConnectionsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newListener(tcp, s.MaxHeaderBytes, a.accepted)
+	l := newListener(tcp, s.MaxHeaderBytes, a.accepted, serverTimeouts)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	served := make(chan error, 1)
