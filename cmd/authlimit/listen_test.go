@@ -157,15 +157,22 @@ func TestConnTimeouts(t *testing.T) {
 		trickle(t, c, bufio.NewReader(c))
 	})
 
-	t.Run("a trickled request after an idle wait", func(t *testing.T) {
-		t.Parallel()
+	// idleAfterRequest dials, is answered once, then waits two read
+	// timeouts, within the idle one: the deadline on the socket moved on.
+	idleAfterRequest := func(t *testing.T) (net.Conn, *bufio.Reader) {
+		t.Helper()
 		c, _ := dial(t)
 		br := bufio.NewReader(c)
 		if status := ask(t, c, br); status != 200 {
 			t.Fatalf("answered %d", status)
 		}
-		// Idle past a read timeout: the deadline on the socket moved on.
 		time.Sleep(2 * tm.read)
+		return c, br
+	}
+
+	t.Run("a trickled request after an idle wait", func(t *testing.T) {
+		t.Parallel()
+		c, br := idleAfterRequest(t)
 		trickle(t, c, br)
 	})
 
@@ -182,13 +189,7 @@ func TestConnTimeouts(t *testing.T) {
 
 	t.Run("an idle keep-alive connection", func(t *testing.T) {
 		t.Parallel()
-		c, _ := dial(t)
-		br := bufio.NewReader(c)
-		if status := ask(t, c, br); status != 200 {
-			t.Fatalf("answered %d", status)
-		}
-		// Longer than the read timeout, shorter than the idle one.
-		time.Sleep(2 * tm.read)
+		c, br := idleAfterRequest(t)
 		start := time.Now()
 		if status := ask(t, c, br); status != 200 {
 			t.Fatalf("after %v idle: answered %d, want 200", 2*tm.read, status)
