@@ -503,8 +503,10 @@ var (
 	xRateLimitRemaining = []byte("X-RateLimit-Remaining")
 	xRateLimitReset     = []byte("X-RateLimit-Reset")
 	retryAfter          = []byte(fasthttp.HeaderRetryAfter)
-	xRealIP             = canonicalHeader("X-Real-IP")
 )
+
+// xRealIP is the X-Real-IP request header's name as fasthttp keeps it.
+var xRealIP = canonicalHeader("X-Real-IP")
 
 // canonicalHeader returns name as fasthttp keeps it in a parsed request's
 // headers, for RequestHeader.PeekCanonical.
