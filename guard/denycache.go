@@ -24,10 +24,15 @@ type denyCache struct {
 
 type denyShard struct {
 	mu sync.Mutex
-	m  map[string]denial // by policy id and key tag
+	// m holds denials by the hash of their policy id and key tag, so that
+	// a lookup hashes the key once: the hash picks the shard and is the
+	// map's key. Each denial keeps its key, and one whose key is not the
+	// one looked up is no answer (two keys of one hash share a slot).
+	m map[uint64]denial
 }
 
 type denial struct {
+	key     denyKey
 	at      time.Time
 	until   time.Time // the denial's retry-after
 	forgets time.Time // when the cache stops answering it
@@ -42,7 +47,7 @@ const maxHold = time.Second
 func newDenyCache(size int) *denyCache {
 	c := &denyCache{seed: maphash.MakeSeed(), perShard: max(size/16, 1)}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string]denial)
+		c.shards[i].m = make(map[uint64]denial)
 	}
 	return c
 }
@@ -53,22 +58,24 @@ type denyKey struct {
 	n int
 }
 
-func (c *denyCache) key(k *denyKey, id uint32, tag []byte) (*denyShard, []byte) {
+// key fills k and returns its shard and hash.
+func (c *denyCache) key(k *denyKey, id uint32, tag []byte) (*denyShard, uint64) {
 	binary.LittleEndian.PutUint32(k.b[:4], id)
 	k.n = 4 + copy(k.b[4:], tag)
-	b := k.b[:k.n]
-	return &c.shards[maphash.Bytes(c.seed, b)%uint64(len(c.shards))], b
+	h := maphash.Bytes(c.seed, k.b[:k.n])
+	return &c.shards[h%uint64(len(c.shards))], h
 }
 
 // get returns the cached denial of the policy's key for a request of the
 // given cost, with its times brought up to now.
 func (c *denyCache) get(id uint32, tag []byte, cost int64, now time.Time) (algo.Result, bool) {
 	var k denyKey
-	sh, b := c.key(&k, id, tag)
+	sh, h := c.key(&k, id, tag)
 	sh.mu.Lock()
-	d, ok := sh.m[string(b)]
+	d, ok := sh.m[h]
+	ok = ok && d.key == k
 	if ok && !now.Before(d.forgets) {
-		delete(sh.m, string(b))
+		delete(sh.m, h)
 		ok = false
 	}
 	sh.mu.Unlock()
@@ -88,19 +95,20 @@ func (c *denyCache) put(id uint32, tag []byte, cost int64, res algo.Result, now 
 		return
 	}
 	var k denyKey
-	sh, b := c.key(&k, id, tag)
+	sh, h := c.key(&k, id, tag)
+	d := denial{key: k, at: now, until: now.Add(res.RetryAfter), forgets: now.Add(min(res.RetryAfter, maxHold)), cost: cost, res: res}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if d, ok := sh.m[string(b)]; ok {
-		// Refresh in place: the map keeps its key, nothing allocates.
-		d.at, d.until, d.forgets, d.cost, d.res = now, now.Add(res.RetryAfter), now.Add(min(res.RetryAfter, maxHold)), cost, res
-		sh.m[string(b)] = d
+	if _, ok := sh.m[h]; ok {
+		// Replace in place (another key of the same hash loses its
+		// denial, and asks the store again).
+		sh.m[h] = d
 		return
 	}
 	if len(sh.m) >= c.perShard {
 		// Make room: drop expired entries among a random few (map
 		// iteration starts anywhere), else the last of them.
-		var last string
+		var last uint64
 		n := 0
 		for k, d := range sh.m {
 			if !now.Before(d.forgets) {
@@ -115,7 +123,7 @@ func (c *denyCache) put(id uint32, tag []byte, cost int64, res algo.Result, now 
 			delete(sh.m, last)
 		}
 	}
-	sh.m[string(b)] = denial{at: now, until: now.Add(res.RetryAfter), forgets: now.Add(min(res.RetryAfter, maxHold)), cost: cost, res: res}
+	sh.m[h] = d
 }
 
 // clear forgets every denial.

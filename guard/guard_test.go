@@ -429,3 +429,33 @@ func TestShardErrorsTripOnlyTheirShards(t *testing.T) {
 		t.Errorf("%d of %d circuits open, want 1 of 2", open, known)
 	}
 }
+
+// TestDenyCacheTellsKeysOfOneHashApart: the deny cache finds a denial by
+// its key's hash, and answers it only for its own key: a denial in the slot
+// another key's hash looks in (two keys of one hash) is no answer for it.
+func TestDenyCacheTellsKeysOfOneHashApart(t *testing.T) {
+	c := newDenyCache(100)
+	now := time.Unix(1000, 0)
+	denied := algo.Result{Reason: algo.ReasonLimited, Limit: 5, RetryAfter: time.Minute, ResetAfter: time.Minute}
+	a, b := []byte("198.51.100.1"), []byte("198.51.100.2")
+	c.put(1, a, 1, denied, now)
+	if _, ok := c.get(1, a, 1, now); !ok {
+		t.Fatal("the denial is not cached")
+	}
+	for _, other := range []struct {
+		id  uint32
+		tag []byte
+	}{{1, b}, {2, a}} {
+		var ka, ko denyKey
+		sha, ha := c.key(&ka, 1, a)
+		sho, ho := c.key(&ko, other.id, other.tag)
+		d := sha.m[ha]
+		delete(sha.m, ha)
+		sho.m[ho] = d
+		if _, ok := c.get(other.id, other.tag, 1, now); ok {
+			t.Errorf("policy %d key %s: answered with the denial of policy 1 key %s", other.id, other.tag, a)
+		}
+		delete(sho.m, ho)
+		sha.m[ha] = d
+	}
+}
