@@ -69,8 +69,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		c := &conn{Conn: nc, l: l, scanning: true, start: time.Now()}
 		// The first deadlines: no later than any this connection's
 		// requests will have (see conn.Read).
-		t := l.timeouts
-		if nc.SetReadDeadline(c.start.Add(t.read)) != nil || nc.SetWriteDeadline(c.start.Add(t.read+t.write)) != nil {
+		if nc.SetReadDeadline(c.readDeadline()) != nil || nc.SetWriteDeadline(c.writeDeadline()) != nil {
 			_ = nc.Close()
 			continue
 		}
@@ -170,7 +169,7 @@ func (c *conn) Write(p []byte) (int, error) {
 	}
 	t := c.l.timeouts
 	n, err := c.Conn.Write(p)
-	for n < len(p) && isTimeout(err) && c.extend(c.Conn.SetWriteDeadline, c.start.Add(t.read+t.write), t.read+t.write) {
+	for n < len(p) && isTimeout(err) && c.extend(c.Conn.SetWriteDeadline, c.writeDeadline(), t.read+t.write) {
 		var m int
 		m, err = c.Conn.Write(p[n:])
 		n += m
@@ -186,6 +185,13 @@ func (c *conn) readDeadline() time.Time {
 		return c.start.Add(c.l.timeouts.read)
 	}
 	return c.start.Add(c.l.timeouts.idle)
+}
+
+// writeDeadline is when writing an answer ends: a read and a write timeout
+// after its request's first byte.
+func (c *conn) writeDeadline() time.Time {
+	t := c.l.timeouts
+	return c.start.Add(t.read + t.write)
 }
 
 // extend is called when a deadline set on the socket passed: if the
