@@ -73,16 +73,19 @@ func TestConnTimeouts(t *testing.T) {
 		ctx.SetBodyString("ok")
 	}
 	// dial connects to a server of its own.
-	dial := func(t *testing.T) (net.Conn, *listener) {
+	// It also returns when it began to connect: authlimit accepts the
+	// connection later.
+	dial := func(t *testing.T) (net.Conn, *listener, time.Time) {
 		t.Helper()
 		l := serveWithTimeouts(t, tm, handler)
+		began := time.Now()
 		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Close() })
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		return c, l
+		return c, l, began
 	}
 	ask := func(t *testing.T, c net.Conn, br *bufio.Reader) int {
 		t.Helper()
@@ -99,8 +102,7 @@ func TestConnTimeouts(t *testing.T) {
 
 	t.Run("a silent connection", func(t *testing.T) {
 		t.Parallel()
-		c, _ := dial(t)
-		start := time.Now()
+		c, _, start := dial(t)
 		br := bufio.NewReader(c)
 		r, err := http.ReadResponse(br, nil)
 		if err != nil {
@@ -153,7 +155,7 @@ func TestConnTimeouts(t *testing.T) {
 
 	t.Run("a trickled request", func(t *testing.T) {
 		t.Parallel()
-		c, _ := dial(t)
+		c, _, _ := dial(t)
 		trickle(t, c, bufio.NewReader(c))
 	})
 
@@ -161,7 +163,7 @@ func TestConnTimeouts(t *testing.T) {
 	// timeouts, within the idle one: the deadline on the socket moved on.
 	idleAfterRequest := func(t *testing.T) (net.Conn, *bufio.Reader) {
 		t.Helper()
-		c, _ := dial(t)
+		c, _, _ := dial(t)
 		br := bufio.NewReader(c)
 		if status := ask(t, c, br); status != 200 {
 			t.Fatalf("answered %d", status)
@@ -178,7 +180,7 @@ func TestConnTimeouts(t *testing.T) {
 
 	t.Run("a busy keep-alive connection", func(t *testing.T) {
 		t.Parallel()
-		c, _ := dial(t)
+		c, _, _ := dial(t)
 		br := bufio.NewReader(c)
 		for start := time.Now(); time.Since(start) < 4*tm.read; time.Sleep(10 * time.Millisecond) {
 			if status := ask(t, c, br); status != 200 {
@@ -202,7 +204,7 @@ func TestConnTimeouts(t *testing.T) {
 
 	t.Run("an answer nobody reads", func(t *testing.T) {
 		t.Parallel()
-		c, l := dial(t)
+		c, l, _ := dial(t)
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetReadBuffer(4 << 10)
 		}
@@ -210,12 +212,10 @@ func TestConnTimeouts(t *testing.T) {
 		if _, err := io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 			t.Fatal(err)
 		}
+		waitFor(t, "authlimit accepting the connection", func() bool { return l.open() == 1 })
 		// The answer fills the socket's buffers within moments; authlimit
-		// gives up on it a read and a write timeout after the request.
-		time.Sleep(tm.read + tm.write - 100*time.Millisecond)
-		if l.open() != 1 {
-			t.Fatalf("closed within %v, before its read and write timeouts", time.Since(start))
-		}
+		// gives up on it a read and a write timeout after the request's
+		// first byte, which came after start: seen from here, never sooner.
 		deadline := start.Add(tm.read + tm.write + 2*time.Second)
 		for l.open() > 0 {
 			if time.Now().After(deadline) {
