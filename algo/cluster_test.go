@@ -1,10 +1,12 @@
 package algo
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,7 +60,6 @@ func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
 			if !res[0].Allowed || res[0].Remaining != 2 {
 				t.Errorf("second decision: A = %+v, want allowed with 2 remaining (unconsumed)", res[0])
 			}
-			rs.owed.Wait()
 			if got := decideOne(t, rs, Request{Policy: ra, Key: []byte(ka)}); got.Remaining != 1 {
 				t.Errorf("A alone after the denied decision: Remaining = %d, want 1 (refunded)", got.Remaining)
 			}
@@ -172,9 +173,172 @@ func TestClusterLostScripts(t *testing.T) {
 	if ok, err := rs.Decide(ctx, both, res); err != nil || ok {
 		t.Fatalf("second decision = %v, %v, want denied by the global rule", ok, err)
 	}
-	rs.owed.Wait()
 	flush()
 	if got := decideOne(t, rs, Request{Policy: rule, Key: []byte("client-a")}); got.Remaining != 1 {
 		t.Errorf("after the refund: Remaining = %d, want 1", got.Remaining)
+	}
+}
+
+// TestClusterRefundThatMayHaveRunIsNotSentAgain: a refund whose reply does
+// not come within its budget may still run (it was sent), so it is reported
+// lost and never sent again: sending it twice would take back more than the
+// denied request consumed, a fresh quota for its client.
+func TestClusterRefundThatMayHaveRunIsNotSentAgain(t *testing.T) {
+	cluster := redistest.NewCluster(t)
+	// Deadlines on the wire, as authlimit configures its clients.
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	var mu sync.Mutex
+	var lost int
+	rs := NewRedis(client, RedisOptions{Prefix: cluster.Prefix(t), Timeout: 100 * time.Millisecond, OnRefundLost: func(n int, err error) {
+		mu.Lock()
+		lost += n
+		mu.Unlock()
+	}})
+	t.Cleanup(func() { _ = rs.Close() })
+	ctx := context.Background()
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rule := mustPolicy(t, Spec{Name: "once", Algorithm: FixedWindow, Limit: 3, Window: time.Hour})
+	q := Request{Policy: rule, Key: []byte("client-a")}
+	decideOne(t, rs, q)
+	// A second request, decided as a batch decides it, whose refund is then
+	// owed as if another slot had denied it: 2 of 3 consumed, 1 to refund.
+	c := &call{}
+	if err := rs.encode(ctx, c, []Request{q}); err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{parts: []*part{&c.parts[0]}}
+	sc := &slotCall{parts: w.parts, blob: rs.appendBatch(nil, w, 1), keys: c.parts[0].appendKeys(nil), slot: c.parts[0].slot}
+	rs.evalSlots(ctx, rs.decideSHAArg, rs.decideSrcArg, []*slotCall{sc}, nil, rs.settle)
+	if sc.err != nil || !c.parts[0].admitted || c.res[0].Remaining != 1 {
+		t.Fatalf("second request: %v, admitted %v, %+v; want admitted with 1 remaining", sc.err, c.parts[0].admitted, c.res[0])
+	}
+	refunds := rs.undo(c, nil)
+	if len(refunds) != 1 {
+		t.Fatalf("%d refunds owed, want 1", len(refunds))
+	}
+
+	// Keep the key's primary busy for a second: the refund goes out, its
+	// budget passes, and it runs once the primary is free.
+	node, err := client.MasterForKey(ctx, rs.slotKey(sc.slot))
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := make(chan error, 1)
+	go func() {
+		busy <- node.Eval(ctx, `local s = redis.call('TIME')
+repeat local n = redis.call('TIME') until (n[1] - s[1]) * 1000000 + n[2] - s[2] >= tonumber(ARGV[1]) * 1000
+return 1`, nil, 1000).Err()
+	}()
+	probe := redis.NewClient(&redis.Options{Addr: node.Options().Addr, ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	defer probe.Close()
+	for probe.Ping(ctx).Err() == nil {
+		time.Sleep(5 * time.Millisecond) // until the primary stops answering
+	}
+	rs.owed.Add(1)
+	rs.refundNow(refunds)
+	rs.owed.Wait()
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	reported := lost
+	mu.Unlock()
+	if reported != 1 {
+		t.Errorf("%d refunds reported lost, want 1: the refund's reply did not come within its budget", reported)
+	}
+	v, err := client.Get(ctx, string(c.parts[0].key(0))).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var window, n int64
+	if _, err := fmt.Sscanf(v, "%x:%x", &window, &n); err != nil {
+		t.Fatalf("state %q: %v", v, err)
+	}
+	if n < 1 {
+		t.Errorf("count %d after one refund of the second of 2 requests, want 1 (refunded once) or 2 (not run): the refund ran twice", n)
+	}
+}
+
+// TestClusterRefundFloodLeavesBatchesTheirConnections: many denials at once
+// whose refunds are owed (a global rule denying, per-IP rules admitting)
+// neither take the connections the batches need, nor fail the decisions
+// around them, nor lose a refund: the pool is sized as authlimit sizes it
+// (Conns + 4), with a pool wait as long as the budget.
+func TestClusterRefundFloodLeavesBatchesTheirConnections(t *testing.T) {
+	cluster := redistest.NewCluster(t)
+	const conns, budget = 1, 250 * time.Millisecond
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs, ContextTimeoutEnabled: true,
+		PoolSize: conns + 4, PoolTimeout: budget, MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	var lost atomic.Int64
+	rs := NewRedis(client, RedisOptions{Prefix: cluster.Prefix(t), Timeout: budget, Conns: conns,
+		OnRefundLost: func(n int, err error) { lost.Add(int64(n)) }})
+	t.Cleanup(func() { _ = rs.Close() })
+	ctx := context.Background()
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	perIP := mustPolicy(t, Spec{Name: "flood-ip", Algorithm: SlidingWindowLog, Limit: 1 << 20, Window: time.Hour})
+	global := mustPolicy(t, Spec{Name: "flood-global", Algorithm: FixedWindow, Limit: 1, Window: time.Hour})
+	decideOne(t, rs, Request{Policy: global, Key: []byte("global")}) // the global rule denies from here on
+
+	waits := client.PoolStats().WaitCount
+	const denied, alone, each = 48, 8, 25
+	var wg sync.WaitGroup
+	var errs, admittedBoth, admittedAlone atomic.Int64
+	var mu sync.Mutex
+	var firstErr error
+	for g := 0; g < denied+alone; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			ip := []byte(fmt.Sprintf("client-%d", g))
+			reqs := []Request{{Policy: perIP, Key: ip}, {Policy: global, Key: []byte("global")}}
+			if g >= denied {
+				reqs = reqs[:1]
+			}
+			res := make([]Result, len(reqs))
+			for i := 0; i < each; i++ {
+				ok, err := rs.Decide(ctx, reqs, res)
+				switch {
+				case err != nil:
+					errs.Add(1)
+					mu.Lock()
+					firstErr = cmp.Or(firstErr, err)
+					mu.Unlock()
+				case ok && len(reqs) == 2:
+					admittedBoth.Add(1)
+				case ok:
+					admittedAlone.Add(1)
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	rs.owed.Wait()
+	if n := errs.Load(); n > 0 {
+		t.Errorf("%d of %d decisions failed during the flood of refunds, e.g. %v", n, (denied+alone)*each, firstErr)
+	}
+	if n := client.PoolStats().WaitCount - waits; n > 0 {
+		t.Errorf("a connection was waited for %d times: the refunds took more connections than the pool keeps beyond the batches'", n)
+	}
+	if n := admittedBoth.Load(); n > 0 {
+		t.Errorf("%d requests admitted past a global limit already reached", n)
+	}
+	var counted int64
+	for g := 0; g < denied+alone; g++ {
+		key := perIP.appendStorageKey(nil, rs.prefix, []byte(fmt.Sprintf("client-%d", g)))
+		n, err := client.ZCount(ctx, string(key), "(-inf", "+inf").Result() // the log's entries, not its anchor at -inf
+		if err != nil {
+			t.Fatal(err)
+		}
+		counted += n
+	}
+	if want := admittedAlone.Load() + lost.Load(); counted != want {
+		t.Errorf("the per-IP rules count %d requests, want %d: %d admitted alone + %d reported lost refunds (the denied requests must count nothing)",
+			counted, want, admittedAlone.Load(), lost.Load())
 	}
 }

@@ -309,7 +309,6 @@ func TestClusterRefundFollowsTheWrittenWindow(t *testing.T) {
 			if err != nil || ok {
 				t.Fatalf("decision = %v, %v; want denied by b", ok, err)
 			}
-			rs.owed.Wait()
 			if got := decideOne(t, rs, Request{Policy: pa, Key: ka}); got.Remaining != 1 {
 				t.Errorf("a after the refunded decision: Remaining = %d, want 1 (one request before, this one)", got.Remaining)
 			}

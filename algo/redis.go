@@ -67,6 +67,7 @@ type Redis struct {
 	slots   chan *worker  // one per connection that may carry a batch
 	kick    chan struct{} // wakes the relay: calls are queued
 	refunds chan []refund
+	refundN chan struct{}  // callers applying refunds now (see refundNow)
 	owed    sync.WaitGroup // refunds queued or being applied
 	calls   sync.Pool
 	stop    chan struct{}
@@ -88,14 +89,15 @@ type RedisOptions struct {
 	Timeout time.Duration
 	// Conns is how many batches may be on the wire at once, each holding
 	// one pooled connection while it is out. The client's pool should hold
-	// at least Conns + 2 connections (for pings and refunds). Default
-	// DefaultRedisConns.
+	// at least Conns + 4 connections per node (refunds in a cluster take
+	// up to 3, pings the rest). Default DefaultRedisConns.
 	Conns int
 	// MaxBatch bounds the requests of one script call. Default 128.
 	MaxBatch int
-	// OnRefundLost is told about refunds that could not be applied after
-	// retries (Redis Cluster only): n rules still count a request that was
-	// denied. Default: nothing.
+	// OnRefundLost is told about refunds that could not be sent after
+	// retries, or that were sent and not answered, and so are not sent
+	// again (Redis Cluster only): n rules may still count a request that
+	// was denied. Default: nothing.
 	OnRefundLost func(n int, err error)
 }
 
@@ -136,6 +138,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		slots:     make(chan *worker, opts.Conns),
 		kick:      make(chan struct{}, 1),
 		refunds:   make(chan []refund, 1024),
+		refundN:   make(chan struct{}, refundConns),
 		stop:      make(chan struct{}),
 	}
 	r.decideSHAArg, r.decideSrcArg, r.decided = r.decideSHA, scripts.Decide, r.settleSlot
@@ -369,6 +372,9 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 		<-c.done
 	}
 	defer r.calls.Put(c)
+	if len(c.lost) > 0 {
+		r.refundNow(c.lost)
+	}
 	if c.err != nil {
 		return false, c.err
 	}

@@ -30,6 +30,7 @@ type call struct {
 	admitted bool
 	err      error
 	deadline time.Time
+	lost     []refund // a denied call's refunds, for its caller to apply (cluster)
 
 	state   atomic.Int32 // callQueued, callSent, callDone or callAbandoned
 	pending atomic.Int32 // parts not yet answered (cluster)
@@ -73,7 +74,7 @@ func (c *call) abandon() bool {
 // encode resets c and encodes reqs into its parts.
 func (r *Redis) encode(ctx context.Context, c *call, reqs []Request) error {
 	c.state.Store(callQueued)
-	c.n, c.err, c.admitted = len(reqs), nil, false
+	c.n, c.err, c.admitted, c.lost = len(reqs), nil, false, nil
 	c.id = float64(r.seq.Add(1) % (1 << 52))
 	c.parts = c.parts[:0]
 	for i := range reqs {
@@ -150,15 +151,16 @@ func extend[T any](s []T) ([]T, *T) {
 	return s, &s[len(s)-1]
 }
 
-// complete hands c's outcome to its caller, or, if the caller has given up,
-// puts c back in the pool.
-func (r *Redis) complete(c *call, err error) {
+// complete hands c's outcome to its caller and reports true, or, if the
+// caller has given up, puts c back in the pool and reports false.
+func (r *Redis) complete(c *call, err error) bool {
 	c.err = err
 	if c.state.CompareAndSwap(callSent, callDone) || c.state.CompareAndSwap(callQueued, callDone) {
 		c.done <- struct{}{}
-		return
+		return true
 	}
 	r.calls.Put(c)
+	return false
 }
 
 // worker is one connection's turn to carry a batch, and its reusable

@@ -128,7 +128,9 @@ func (cw *clusterWork) add(sc *slotCall) {
 }
 
 // settleCall completes a call whose parts have all answered: admitted if
-// every part admitted it; if not, the parts that admitted it are refunded.
+// every part admitted it; if not, the parts that admitted it are refunded,
+// by its caller before it answers (see refundNow), or, if the caller has
+// given up, in the background.
 func (r *Redis) settleCall(c *call) {
 	c.err, c.admitted = callError(c), true
 	for i := range c.parts {
@@ -138,19 +140,57 @@ func (r *Redis) settleCall(c *call) {
 	if !c.admitted {
 		lost = r.undo(c, nil)
 	}
+	c.lost = lost
 	// The refunds are owed before the caller hears its answer, so that
 	// whoever waits for them after an answer waits for these too.
 	if len(lost) > 0 {
 		r.owed.Add(1)
 	}
-	r.complete(c, c.err) // c may be reused from here on
-	if len(lost) > 0 {
-		select {
-		case r.refunds <- lost:
-		case <-r.stop:
-			r.onLost(len(lost), errClosed)
-			r.owed.Done()
-		}
+	if !r.complete(c, c.err) && len(lost) > 0 { // c may be reused from here on
+		r.queueRefunds(lost)
+	}
+}
+
+// refundNow applies a denied request's refunds before its caller answers,
+// so that a client told no finds its other rules as they were before the
+// request: each slot gets one attempt, within a budget of its own. At most
+// refundConns callers do so at once, so that a flood of such denials holds
+// no more connections than that, never those the batches need; a caller
+// that finds no turn within the budget leaves its refunds to the background
+// loop, as it does those that surely did not run. It settles one owed
+// refund.
+func (r *Redis) refundNow(rs []refund) {
+	budget := r.timeout
+	if budget <= 0 {
+		budget = time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	select {
+	case r.refundN <- struct{}{}:
+		rs, _ = r.refundOnce(ctx, rs)
+		<-r.refundN
+	case <-ctx.Done():
+	}
+	if len(rs) > 0 {
+		r.owed.Add(1)
+		r.queueRefunds(rs)
+	}
+	r.owed.Done()
+}
+
+// refundConns is how many callers may apply refunds at once, each on a
+// connection of its own (with one more for the background loop).
+const refundConns = 2
+
+// queueRefunds hands owed refunds to the background loop, which settles
+// them.
+func (r *Redis) queueRefunds(rs []refund) {
+	select {
+	case r.refunds <- rs:
+	case <-r.stop:
+		r.onLost(len(rs), errClosed)
+		r.owed.Done()
 	}
 }
 
@@ -272,9 +312,10 @@ type refund struct {
 // errNotApplied says a refund found its state rewritten since.
 var errNotApplied = errors.New("redis refund: the state was rewritten since the decision")
 
-// refundLoop applies refunds in the background, so that a denied request
-// is answered at once, and retries them, so that a refund whose slot is
-// moving still happens; what cannot be applied is reported to OnRefundLost.
+// refundLoop applies in the background the refunds of callers that gave
+// up, and retries those whose first attempt surely did not run, so that a
+// refund whose slot is moving or whose primary is failing over still
+// happens; what cannot be applied is reported to OnRefundLost.
 func (r *Redis) refundLoop() {
 	defer r.wg.Done()
 	for {
@@ -318,7 +359,10 @@ func (r *Redis) applyRefunds(rs []refund) {
 }
 
 // refundOnce runs refund.lua once per slot and returns the refunds that
-// failed, to retry.
+// surely did not run (see classify), to retry. One that failed after it
+// was sent may have run: sending it again could refund it twice, handing
+// its client back more than the denied request took, so it is reported
+// lost instead.
 func (r *Redis) refundOnce(ctx context.Context, rs []refund) ([]refund, error) {
 	groups := map[uint16][]refund{}
 	var calls []*slotCall
@@ -342,9 +386,11 @@ func (r *Redis) refundOnce(ctx context.Context, rs []refund) ([]refund, error) {
 			n = int(v)
 		}
 		switch {
-		case err != nil:
+		case err != nil && errors.Is(classify(err), ErrUnreachable):
 			failed = append(failed, groups[sc.slot]...)
 			errs = append(errs, err)
+		case err != nil:
+			r.onLost(len(groups[sc.slot]), err)
 		case n < len(groups[sc.slot]):
 			r.onLost(len(groups[sc.slot])-n, errNotApplied)
 		}

@@ -203,7 +203,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		a.closers = append(a.closers, client.Close)
 		lost := prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "authlimit_refunds_lost_total",
-			Help: "Rules of Redis Cluster requests denied by one slot whose consumption in another slot could not be refunded.",
+			Help: "Rules of Redis Cluster requests denied by one slot whose consumption in another slot could not be refunded, or whose refund was sent but not answered (it may have run).",
 		})
 		reg.MustRegister(lost)
 		rs := algo.NewRedis(client, algo.RedisOptions{
