@@ -414,23 +414,29 @@ func logTotal(t *testing.T, cc *redis.ClusterClient, prefix, rule, tag string) i
 }
 
 // waitBackOnRedis waits until some client's answer sent after the fault
-// was decided by Redis, and returns when the first such request was sent
-// and when its answer came.
-func waitBackOnRedis(t *testing.T, ld *load, lim limits, clients []loadClient, fault time.Time) (sent, answered time.Time) {
+// was decided by Redis. A request sent before that one may still be on its
+// way: once the load has halted, backOnRedis says which came first.
+func waitBackOnRedis(t *testing.T, ld *load, lim limits, clients []loadClient, fault time.Time) {
 	t.Helper()
 	waitUntil(t, clusterRecoveryTarget+5*time.Second, func() error {
-		for _, c := range clients {
-			for _, a := range ld.answers(c) {
-				if a.sent.After(fault) && lim.of(a) == byRedis && (sent.IsZero() || a.sent.Before(sent)) {
-					sent, answered = a.sent, a.sent.Add(a.took)
-				}
-			}
-		}
-		if answered.IsZero() {
+		if _, answered := backOnRedis(ld, lim, clients, fault); answered.IsZero() {
 			return fmt.Errorf("no decision by Redis %v after the fault", time.Since(fault).Round(time.Millisecond))
 		}
 		return nil
 	})
+}
+
+// backOnRedis returns when the first request sent after the fault and
+// decided by Redis, of the answers so far, was sent and when its answer
+// came; zero if there is none.
+func backOnRedis(ld *load, lim limits, clients []loadClient, fault time.Time) (sent, answered time.Time) {
+	for _, c := range clients {
+		for _, a := range ld.answers(c) {
+			if a.sent.After(fault) && lim.of(a) == byRedis && (sent.IsZero() || a.sent.Before(sent)) {
+				sent, answered = a.sent, a.sent.Add(a.took)
+			}
+		}
+	}
 	return sent, answered
 }
 
