@@ -569,9 +569,10 @@ func TestFaultClusterSpread(t *testing.T) {
 // (key=global, one key in one slot). A request that one slot denies after
 // another admitted must be refunded in the admitting slot, or the lost
 // refund reported (authlimit_refunds_lost_total, and the log): the
-// consumption stored in Redis must equal the admitted requests plus the
-// reported lost refunds, never more (a 503 that passed its budget may
-// have been decided and consumed in Redis; it is allowed for, and counted).
+// consumption stored in Redis must be at least the admitted requests and at
+// most those plus the reported lost refunds (one reported lost may have
+// run: its reply did not come) and the 503s (one that passed its budget
+// may have been decided and consumed in Redis).
 //
 //   - "failover": the global rule denies most requests (a token bucket of
 //     100/s) and its master is killed; the per-IP rules live on the other
@@ -590,7 +591,7 @@ func multiRuleFailover(t *testing.T) {
 	const divisor = 2
 	row := faultlog.Row{
 		Fault: "Cluster: per-IP rule + global rule (different slots) through a failover of the global rule's master",
-		Expected: "all or nothing: per-IP consumption in Redis = requests Redis admitted + reported lost refunds (+ at most the 503s that passed their budget); " +
+		Expected: "all or nothing: per-IP consumption in Redis = requests Redis admitted (+ at most the reported lost refunds and the 503s that passed their budget); " +
 			"fail mode local or 503 during the failover; requests of the per-IP rule alone on healthy masters decided by Redis throughout",
 	}
 	defer recordRow(t, &row)
@@ -733,9 +734,11 @@ func multiRuleFailover(t *testing.T) {
 			"consumed, never refunded, not in authlimit_refunds_lost_total. Unaccounted entries by their request's answer: %v; e.g. %s",
 			silent, strays, strings.Join(strayNotes, "; "))
 	}
-	if lo, hi := all.admitted[byRedis]+lost, all.admitted[byRedis]+lost+timeouts; int(consumed) < lo || int(consumed) > hi {
-		t.Errorf("per-IP consumption in Redis %d, want %d admitted by Redis + %d lost refunds (+ up to %d answered 503): "+
-			"a denied request consumed, or a refund was applied twice or silently lost. Unaccounted entries by their request's answer: %v; e.g. %s",
+	// A refund reported lost may have run (its reply did not come), so the
+	// reported ones bound the consumption from above only.
+	if lo, hi := all.admitted[byRedis], all.admitted[byRedis]+lost+timeouts; int(consumed) < lo || int(consumed) > hi {
+		t.Errorf("per-IP consumption in Redis %d, want %d admitted by Redis, + up to %d lost refunds and %d answered 503: "+
+			"below, a refund was applied twice; above, a denied request consumed, or a refund was silently lost. Unaccounted entries by their request's answer: %v; e.g. %s",
 			consumed, all.admitted[byRedis], lost, timeouts, strays, strings.Join(strayNotes, "; "))
 	}
 	row.Observed = fmt.Sprintf("failover took %v; %d requests: %d by Redis (%d admitted, %d denied and refunded), %d local (%d admitted), %d 503, %d other; decisions back on Redis %v after the kill. "+
@@ -754,7 +757,7 @@ func refundToMovingSlot(t *testing.T) {
 	const perIP, divisor = 6, 2
 	row := faultlog.Row{
 		Fault:    "Cluster: per-IP rule + global rule; the global rule's slot migrated by hand (ASK phase held open, then MOVED) while per-IP denials refund into it",
-		Expected: fmt.Sprintf("global consumption in Redis = requests admitted + reported lost refunds; no 5xx, no 503, no fail-mode decision; exactly %d admitted per IP", perIP),
+		Expected: fmt.Sprintf("global consumption in Redis = requests admitted (+ at most the reported lost refunds); no 5xx, no 503, no fail-mode decision; exactly %d admitted per IP", perIP),
 	}
 	defer recordRow(t, &row)
 	topo := redistest.NewClusterTopology(t, 3, 1)
@@ -864,8 +867,10 @@ func refundToMovingSlot(t *testing.T) {
 	consumed, m2 := settledConsumption(t, al, all.admitted[byRedis], func() int64 { return logTotal(t, cc, prefix, "global", "*") })
 	lost := int(m2["authlimit_refunds_lost_total"] - before["authlimit_refunds_lost_total"])
 	timeouts := all.answers[unavailable] // each 503 may have consumed
-	if lo, hi := all.admitted[byRedis]+lost, all.admitted[byRedis]+lost+timeouts; int(consumed) < lo || int(consumed) > hi {
-		t.Errorf("global consumption in Redis %d, want %d admitted + %d lost refunds (+ up to %d answered 503): a refund was silently lost, or applied twice",
+	// A refund reported lost may have run (its reply did not come), so the
+	// reported ones bound the consumption from above only.
+	if lo, hi := all.admitted[byRedis], all.admitted[byRedis]+lost+timeouts; int(consumed) < lo || int(consumed) > hi {
+		t.Errorf("global consumption in Redis %d, want %d admitted, + up to %d lost refunds and %d answered 503: below, a refund was applied twice; above, a refund was silently lost",
 			consumed, all.admitted[byRedis], lost, timeouts)
 	}
 	row.Observed = fmt.Sprintf("slot %d moved from %s to %s; %d requests: %d by Redis (%d admitted, %d denied by the per-IP rule, their global consumption to refund), %d local, %d 503, %d other. "+
@@ -876,16 +881,17 @@ func refundToMovingSlot(t *testing.T) {
 	t.Log(row.Observed)
 }
 
-// settledConsumption waits until the consumption read by consumed equals
-// admitted plus the lost refunds reported, or refunds have had time to run
-// their retries (about 4s), and returns the last reading and metrics.
+// settledConsumption waits until the consumption read by consumed is no
+// more than admitted plus the lost refunds reported (a refund reported lost
+// may have run), or refunds have had time to run their retries (about 4s),
+// and returns the last reading and metrics.
 func settledConsumption(t *testing.T, al *authlimit, admitted int, consumed func() int64) (int64, map[string]float64) {
 	t.Helper()
 	deadline := time.Now().Add(6 * time.Second)
 	for {
 		m := scrapeMetrics(t, al)
 		got := consumed()
-		if int(got) == admitted+int(m["authlimit_refunds_lost_total"]) || time.Now().After(deadline) {
+		if int(got) <= admitted+int(m["authlimit_refunds_lost_total"]) || time.Now().After(deadline) {
 			return got, m
 		}
 		time.Sleep(100 * time.Millisecond)
