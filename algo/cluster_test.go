@@ -220,8 +220,10 @@ func TestClusterRefundThatMayHaveRunIsNotSentAgain(t *testing.T) {
 		t.Fatalf("%d refunds owed, want 1", len(refunds))
 	}
 
-	// Keep the key's primary busy for a second: the refund goes out, its
-	// budget passes, and it runs once the primary is free.
+	// Keep the key's primary busy for 1.5s: the refund goes out, its budget
+	// passes, and it runs once the primary is free. The primary is busy
+	// once a ping goes unanswered for 250ms, too long for a loaded machine
+	// alone to explain.
 	node, err := client.MasterForKey(ctx, rs.slotKey(sc.slot))
 	if err != nil {
 		t.Fatal(err)
@@ -230,9 +232,9 @@ func TestClusterRefundThatMayHaveRunIsNotSentAgain(t *testing.T) {
 	go func() {
 		busy <- node.Eval(ctx, `local s = redis.call('TIME')
 repeat local n = redis.call('TIME') until (n[1] - s[1]) * 1000000 + n[2] - s[2] >= tonumber(ARGV[1]) * 1000
-return 1`, nil, 1000).Err()
+return 1`, nil, 1500).Err()
 	}()
-	probe := redis.NewClient(&redis.Options{Addr: node.Options().Addr, ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	probe := redis.NewClient(&redis.Options{Addr: node.Options().Addr, ReadTimeout: 250 * time.Millisecond, MaxRetries: -1})
 	defer probe.Close()
 	for probe.Ping(ctx).Err() == nil {
 		time.Sleep(5 * time.Millisecond) // until the primary stops answering
