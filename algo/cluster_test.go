@@ -339,8 +339,9 @@ func TestClusterRefundFloodLeavesBatchesTheirConnections(t *testing.T) {
 		}
 		counted += n
 	}
-	if want := admittedAlone.Load() + lost.Load(); counted != want {
-		t.Errorf("the per-IP rules count %d requests, want %d: %d admitted alone + %d reported lost refunds (the denied requests must count nothing)",
-			counted, want, admittedAlone.Load(), lost.Load())
+	// A refund reported lost may have run: it only widens the bound.
+	if lo, hi := admittedAlone.Load(), admittedAlone.Load()+lost.Load(); counted < lo || counted > hi {
+		t.Errorf("the per-IP rules count %d requests, want the %d admitted alone (+ up to %d reported lost refunds): the denied requests must count nothing",
+			counted, lo, lost.Load())
 	}
 }
