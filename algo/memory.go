@@ -36,7 +36,8 @@ const DefaultMemoryMaxKeys = 1 << 20
 // fails, and the reference the Lua script is tested against.
 type Memory struct {
 	clock   func() time.Time
-	seed    maphash.Seed
+	seed    maphash.Seed // picks the shard, and half a state's key
+	seed2   maphash.Seed // the other half
 	shards  []shard
 	mask    uint64
 	maxKeys int64
@@ -53,9 +54,25 @@ type Memory struct {
 
 type shard struct {
 	mu   sync.Mutex
-	m    map[string]*state    // by memory key: policy id and tag
+	m    map[stateKey]*entry  // by the hash of the memory key
 	logs map[string]*entryLog // sliding window logs, by memory key
 	_    [32]byte             // keep neighbouring shards' locks off one cache line
+}
+
+// stateKey is a state's key in a shard: a 128-bit hash of its memory key
+// (policy id and tag), two maphashes of independent random seeds. A lookup
+// by it reads the map and the state: by the memory key as a string, it read
+// the string as well, one more cache miss in a store of many keys, and the
+// string took memory of its own. Two memory keys share a stateKey with
+// probability 2^-128, and the seeds are the store's own, so no client can
+// choose keys that do.
+type stateKey struct{ a, b uint64 }
+
+// entry is a state as a shard holds it, with its policy's id, which gives
+// its expiry.
+type entry struct {
+	state
+	id uint32
 }
 
 // evictSample is how many states a full store looks at to choose a victim.
@@ -83,6 +100,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 	m := &Memory{
 		clock:   opts.Clock,
 		seed:    maphash.MakeSeed(),
+		seed2:   maphash.MakeSeed(),
 		shards:  make([]shard, n),
 		mask:    uint64(n - 1),
 		maxKeys: int64(opts.MaxKeys),
@@ -91,7 +109,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		done:    make(chan struct{}),
 	}
 	for i := range m.shards {
-		m.shards[i].m = make(map[string]*state)
+		m.shards[i].m = make(map[stateKey]*entry)
 		m.shards[i].logs = make(map[string]*entryLog)
 	}
 	if opts.SweepInterval > 0 {
@@ -105,15 +123,18 @@ func NewMemory(opts MemoryOptions) *Memory {
 // ErrClosed is returned by a store used after Close.
 var ErrClosed = errors.New("store closed")
 
-// memKey is a state's key in a shard: the policy's id in this store, then
-// the key tag. It lives on the stack; maps are read with string(k.bytes()),
-// which does not allocate.
+// memKey is a state's memory key: the policy's id in this store, then the
+// key tag, and its hash (not for logs). It lives on the stack; the logs' map
+// is read with string(k.bytes()), which does not allocate.
 type memKey struct {
 	b [4 + hashedTagLen + maxPlainKey]byte
 	n uint8
+	h stateKey
 }
 
 func (k *memKey) bytes() []byte { return k.b[:k.n] }
+
+func (k *memKey) id() uint32 { return binary.LittleEndian.Uint32(k.b[:4]) }
 
 // id returns p's id in this store, registering it on first use.
 func (m *Memory) id(p *Policy) uint32 {
@@ -134,17 +155,26 @@ func (m *Memory) id(p *Policy) uint32 {
 	return id
 }
 
+// policy returns the policy of a log's memory key.
 func (m *Memory) policy(k string) *Policy {
-	id := binary.LittleEndian.Uint32([]byte(k[:4]))
+	return m.policyOf(binary.LittleEndian.Uint32([]byte(k[:4])))
+}
+
+func (m *Memory) policyOf(id uint32) *Policy {
 	m.regMu.RLock()
 	defer m.regMu.RUnlock()
 	return m.policies[id]
 }
 
+// makeKey fills k for q and returns q's shard.
 func (m *Memory) makeKey(k *memKey, q *Request) uint64 {
 	binary.LittleEndian.PutUint32(k.b[:4], m.id(q.Policy))
 	k.n = uint8(4 + copy(k.b[4:], q.Key))
-	return maphash.Bytes(m.seed, k.bytes()) & m.mask
+	k.h.a = maphash.Bytes(m.seed, k.bytes())
+	if q.Policy.spec.Algorithm != SlidingWindowLog {
+		k.h.b = maphash.Bytes(m.seed2, k.bytes())
+	}
+	return k.h.a & m.mask
 }
 
 // Decide implements the decision for the memory store: see Redis.Decide
@@ -203,7 +233,7 @@ func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool
 func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*shard, keys []memKey) bool {
 	type pending struct {
 		o             outcome
-		s             *state
+		e             *entry
 		l             *entryLog
 		first         int
 		before, at    int64
@@ -217,26 +247,23 @@ func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*sha
 	all := true
 	for i := range reqs {
 		q := &reqs[i]
-		sh, k := shards[i], keys[i].bytes()
+		sh := shards[i]
 		cost := q.EffectiveCost()
 		var p pending
 		if q.Policy.spec.Algorithm == SlidingWindowLog {
 			p.isLog = true
-			p.l = sh.logs[string(k)]
+			p.l = sh.logs[string(keys[i].bytes())]
 			var empty entryLog
 			l := p.l
 			if l == nil {
 				l = &empty
 			}
 			p.o, p.first, p.before, p.at = q.Policy.decideLog(l, now, cost)
+		} else if p.e = sh.m[keys[i].h]; p.e == nil {
+			var absent state
+			p.o = q.Policy.decide(&absent, false, now, cost)
 		} else {
-			p.s = sh.m[string(k)]
-			if p.s == nil {
-				var absent state
-				p.o = q.Policy.decide(&absent, false, now, cost)
-			} else {
-				p.o = q.Policy.decide(p.s, true, now, cost)
-			}
+			p.o = q.Policy.decide(&p.e.state, true, now, cost)
 		}
 		p.admits = p.o.held.Allowed
 		all = all && (p.admits || q.Shadow)
@@ -257,8 +284,8 @@ func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*sha
 		switch {
 		case p.isLog && p.l != nil:
 			p.l.push(p.first, p.before, p.at, reqs[i].EffectiveCost())
-		case !p.isLog && p.s != nil:
-			*p.s = p.o.next
+		case !p.isLog && p.e != nil:
+			p.e.state = p.o.next
 		}
 	}
 	if !all {
@@ -269,16 +296,16 @@ func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*sha
 		if !p.admits {
 			continue
 		}
-		sh, k := shards[i], keys[i].bytes()
+		sh, k := shards[i], &keys[i]
 		switch {
 		case p.isLog && p.l == nil:
 			l := &entryLog{}
 			l.push(p.first, p.before, p.at, reqs[i].EffectiveCost())
-			m.insert(sh, k, nil, l, now)
-		case !p.isLog && p.s == nil:
-			s := new(state)
-			*s = p.o.next
-			m.insert(sh, k, s, nil, now)
+			m.makeRoom(sh, now)
+			sh.logs[string(k.bytes())] = l
+		case !p.isLog && p.e == nil:
+			m.makeRoom(sh, now)
+			sh.m[k.h] = &entry{p.o.next, k.id()}
 		}
 	}
 	return all
@@ -314,44 +341,48 @@ func checkRequests(reqs []Request, res []Result) error {
 	return nil
 }
 
-// insert adds a state (s) or a log (l) for k to sh, first making room if the
-// store is full: an expired state or log of this shard among a random sample
-// (Go's map iteration starts at a random place), else the one closest to
-// expiring; a shard with nothing to give takes from another.
-func (m *Memory) insert(sh *shard, k []byte, s *state, l *entryLog, now int64) {
+// makeRoom counts a state or log about to be added to sh and, if the store
+// is full, first removes one: an expired state or log of this shard among a
+// random sample (Go's map iteration starts at a random place), else the one
+// closest to expiring; a shard with nothing to give takes from another.
+func (m *Memory) makeRoom(sh *shard, now int64) {
 	if m.keys.Add(1) > m.maxKeys {
 		if !m.evictFrom(sh, now) {
 			m.evictElsewhere(sh, now)
 		}
 	}
-	if l != nil {
-		sh.logs[string(k)] = l
-	} else {
-		sh.m[string(k)] = s
-	}
 }
 
 // evictFrom removes one state of sh, which the caller holds locked.
 func (m *Memory) evictFrom(sh *shard, now int64) bool {
-	var victim string
-	var victimLog bool
+	var victim stateKey
+	var victimLog string
+	isLog := false
 	soonest, seen := int64(0), 0
-	consider := func(k string, exp int64, isLog bool) bool {
-		if seen == 0 || exp < soonest {
-			victim, victimLog, soonest = k, isLog, exp
+	closer := func(exp int64) bool {
+		closer := seen == 0 || exp < soonest
+		if closer {
+			soonest = exp
 		}
 		seen++
-		return exp <= now || seen >= evictSample
+		return closer
 	}
-	for k, s := range sh.m {
-		if consider(k, m.policy(k).expiry(s), false) {
+	enough := func() bool { return soonest <= now || seen >= evictSample }
+	for h, e := range sh.m {
+		if closer(m.policyOf(e.id).expiry(&e.state)) {
+			victim = h
+		}
+		if enough() {
 			break
 		}
 	}
-	if seen == 0 || soonest > now && seen < evictSample {
+	if seen == 0 || !enough() {
 		for k, l := range sh.logs {
 			ts, _ := l.newest()
-			if consider(k, ts+m.policy(k).window, true) {
+			if closer(ts + m.policy(k).window) {
+				victimLog, isLog = k, true
+			}
+			if enough() {
 				break
 			}
 		}
@@ -359,8 +390,8 @@ func (m *Memory) evictFrom(sh *shard, now int64) bool {
 	if seen == 0 {
 		return false
 	}
-	if victimLog {
-		delete(sh.logs, victim)
+	if isLog {
+		delete(sh.logs, victimLog)
 	} else {
 		delete(sh.m, victim)
 	}
@@ -390,9 +421,9 @@ func (m *Memory) Sweep() {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for k, s := range sh.m {
-			if m.policy(k).expiry(s) <= now {
-				delete(sh.m, k)
+		for h, e := range sh.m {
+			if m.policyOf(e.id).expiry(&e.state) <= now {
+				delete(sh.m, h)
 				m.keys.Add(-1)
 			}
 		}
