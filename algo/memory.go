@@ -359,13 +359,14 @@ func (m *Memory) evictFrom(sh *shard, now int64) bool {
 	var victimLog string
 	isLog := false
 	soonest, seen := int64(0), 0
+	// closer counts a candidate and reports whether it expires first so far.
 	closer := func(exp int64) bool {
-		closer := seen == 0 || exp < soonest
-		if closer {
+		first := seen == 0 || exp < soonest
+		if first {
 			soonest = exp
 		}
 		seen++
-		return closer
+		return first
 	}
 	enough := func() bool { return soonest <= now || seen >= evictSample }
 	for h, e := range sh.m {
