@@ -24,6 +24,7 @@ type facts struct {
 	authlimit  string
 	redis      string
 	nginx      string
+	haproxy    string
 }
 
 // benchmark runs everything o asks for and writes the results file.
@@ -89,7 +90,8 @@ func gatherFacts(o *options) *facts {
 	}
 	f.authlimit = authlimitVersion(o.authlimit)
 	f.redis = commandOutput(o.redis, "--version")
-	f.nginx = commandOutput(o.nginx, "-v") // nginx prints its version to stderr
+	f.nginx = commandOutput(o.nginx, "-v")                                    // nginx prints its version to stderr
+	f.haproxy, _, _ = strings.Cut(commandOutput(o.haproxy, "-v"), " Status:") // its version line, without the support status
 	return f
 }
 

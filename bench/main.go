@@ -1,8 +1,9 @@
 // Command bench is authlimit's benchmark harness, run by `make bench`.
 //
 // It starts every system (a null HTTP server, a naive Redis limiter,
-// authlimit on its embedded store and on Redis, and nginx alone, with
-// limit_req, with Lua talking to Redis and in front of authlimit) as
+// authlimit on its embedded store and on Redis, nginx alone, with
+// limit_req, with Lua talking to Redis and in front of authlimit, and
+// HAProxy alone and in front of authlimit) as
 // separate processes on loopback ports, drives each with its own closed-loop
 // HTTP/1.1 load generator under every workload, alternating the systems
 // over several rounds, measures Redis memory per key for each algorithm,

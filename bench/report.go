@@ -169,6 +169,7 @@ func (r *report) render(b *bytes.Buffer) {
 	p("| authlimit | `%s`: %s |\n", r.o.authlimit, f.authlimit)
 	p("| redis-server | %s |\n", f.redis)
 	p("| nginx | %s |\n", f.nginx)
+	p("| haproxy | %s |\n", f.haproxy)
 	p("| Settings | rounds %d; warm-up %v; measured window %v; connections %s; workloads %s; %d client IPs in `ips` |\n",
 		r.o.rounds, r.o.warmup, r.o.duration, joinInts(r.o.conns), strings.Join(r.o.workloads, ", "), r.o.ips)
 	p("\n")
@@ -195,7 +196,7 @@ func (r *report) renderSystems(p func(string, ...any)) {
 	}
 	p("\nWorkloads: `ips` cycles through %d client IPs from 198.18.0.0/15 (each recurs; all admitted), ", r.o.ips)
 	p("`hot` is one client (%s) far over its limit (nearly all denied). Every request carries the client in `X-Forwarded-For`; ", hotIP())
-	p("authlimit trusts only 127.0.0.1 (`AUTHLIMIT_TRUSTED_PROXIES=127.0.0.1/32`), nginx reads it with the realip module.\n\n")
+	p("authlimit trusts only 127.0.0.1 (`AUTHLIMIT_TRUSTED_PROXIES=127.0.0.1/32`), nginx reads it with the realip module, HAProxy with `http-request set-src`.\n\n")
 	p("| limit | `ips` | `hot` |\n|---|---|---|\n")
 	p("| authlimit, 1 rule | `%s` | `%s` |\n", rulesFor("ips", false), rulesFor("hot", false))
 	p("| authlimit, 3 rules | `%s` | `%s` |\n", rulesFor("ips", true), rulesFor("hot", true))
@@ -206,12 +207,12 @@ func (r *report) renderSystems(p func(string, ...any)) {
 
 func (r *report) renderReading(p func(string, ...any)) {
 	p("## How to read\n\n")
-	p("- **decisions/s**: answers that were 200 or the denial (429) per second of the measured window; through nginx, requests per second.\n")
+	p("- **decisions/s**: answers that were 200 or the denial (429) per second of the measured window; through nginx or HAProxy, requests per second.\n")
 	p("- **× null**: decisions/s divided by `null`'s in the same table. The load generator runs in the harness on the same cores as the systems, taking its share from each alike: compare systems by these ratios, not by absolute numbers.\n")
 	p("- **p50, p99, p99.9**: latency seen by the client, from writing the request to reading the last byte of the answer (log-linear histogram, under 2%% bucket error).\n")
 	p("- **errors**: transport errors and statuses other than 200 and the denial, summed over all rounds. **200s, denials**: per run (median).\n")
 	p("- **⚠**: the system had errors, or authlimit's `/metrics` counted store errors (`authlimit_store_errors_total`) or fail-mode decisions (`authlimit_fail_mode_decisions_total`) during a run, warm-up included: then some decisions were made without Redis, and its figures do not measure Redis decisions alone. Both counters must be 0 with a healthy Redis.\n")
-	p("- **server CPU µs/decision**: user + system CPU of the system's server processes (authlimit; nginx's master and worker; both for nginx-authlimit-redis and nginx-auth-null; the null or naive server) from `/proc/<pid>/stat` over the window, per decision. `/proc` counts 10ms ticks.\n")
+	p("- **server CPU µs/decision**: user + system CPU of the system's server processes (authlimit; nginx's master and worker; HAProxy; both nginx or HAProxy and authlimit (or the null server) for nginx-authlimit-redis, nginx-auth-null and haproxy-authlimit-redis; the null or naive server) from `/proc/<pid>/stat` over the window, per decision. `/proc` counts 10ms ticks.\n")
 	p("- **Redis CPU µs/decision (/proc)**: the same for redis-server (summed over a cluster's nodes; so is commandstats).\n")
 	p("- **Redis µs/decision (commandstats)**: the growth of `usec` in `INFO commandstats`, per decision. Redis also counts the commands a script calls, inside the script's own time, so when scripts ran only the script commands (EVAL*, FCALL*) are summed.\n\n")
 }
@@ -282,6 +283,7 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "nginx-authlimit-redis / nginx", num: "nginx-authlimit-redis", den: "nginx"},
 		{label: "nginx-lua-redis / nginx", num: "nginx-lua-redis", den: "nginx"},
 		{label: "nginx-auth-null / nginx (auth_request's ceiling)", num: "nginx-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
+		{label: "haproxy-authlimit-redis / haproxy", num: "haproxy-authlimit-redis", den: "haproxy"},
 		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", p99: true, applies: func(w workload) bool { return w.conns == 50 }},
 	}
 	ws := r.workloads()

@@ -20,6 +20,7 @@ func systemNames() []string {
 	return []string{
 		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3", "authlimit-cluster-1",
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
+		"haproxy", "haproxy-authlimit-redis",
 	}
 }
 
@@ -31,6 +32,7 @@ type system struct {
 	cluster   bool   // gets a fresh Redis Cluster per run instead
 	nginx     bool   // needs nginx
 	lua       bool   // needs nginx's Lua module
+	haproxy   bool   // needs haproxy
 	path      string // the path the load requests
 	start     func(ctx context.Context, e *runEnv) (*instance, error)
 }
@@ -106,6 +108,8 @@ func catalogue() []system {
 		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: "/", start: startNginxLuaRedis},
 		{name: "nginx-auth-null", about: "nginx with the shipped nginx/example.conf, as nginx-authlimit-redis, but the null server in authlimit's place (200 to every subrequest): the auth_request hop alone, the ceiling of any auth server behind it", nginx: true, path: "/", start: startNginxAuthNull},
 		{name: "nginx-authlimit-redis", about: "nginx with the shipped nginx/example.conf: auth_request → authlimit (AUTHLIMIT_DENY_STATUS=403) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, usesRedis: true, path: "/", start: startNginxAuthlimit},
+		{name: "haproxy", about: "HAProxy alone (one thread) answering a small body itself (`http-request return`)", haproxy: true, path: "/", start: startHAProxyAlone},
+		{name: "haproxy-authlimit-redis", about: "HAProxy (one thread) with the shipped haproxy/haproxy.cfg and haproxy/authlimit.lua: a Lua action → core.httpclient() → the config's listen section → authlimit → Redis, 1 rule; the frontend answers allowed requests itself, as haproxy alone does", haproxy: true, usesRedis: true, path: "/", start: startHAProxyAuthlimit},
 	}
 }
 
@@ -116,6 +120,7 @@ func selectSystems(o *options) ([]system, []string) {
 	var notes []string
 	_, nginxErr := exec.LookPath(o.nginx)
 	_, luaErr := os.Stat(luaModule)
+	_, haproxyErr := exec.LookPath(o.haproxy)
 	for _, s := range catalogue() {
 		if !slices.Contains(o.systems, s.name) {
 			continue
@@ -125,6 +130,8 @@ func selectSystems(o *options) ([]system, []string) {
 			notes = append(notes, fmt.Sprintf("`%s` skipped: nginx not found (%v); install Debian's nginx", s.name, nginxErr))
 		case s.lua && luaErr != nil:
 			notes = append(notes, fmt.Sprintf("`%s` skipped: the Lua module is not installed (%v); install libnginx-mod-http-lua", s.name, luaErr))
+		case s.haproxy && haproxyErr != nil:
+			notes = append(notes, fmt.Sprintf("`%s` skipped: haproxy not found (%v); install Debian's haproxy", s.name, haproxyErr))
 		default:
 			out = append(out, s)
 		}

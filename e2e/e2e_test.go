@@ -266,10 +266,11 @@ func unmatched(t *testing.T, px proxy) {
 }
 
 // authlimitDown: what the client gets when authlimit cannot be reached, as
-// documented per proxy; for nginx and OpenResty also the fail-open variant.
+// documented per proxy; for nginx, OpenResty and HAProxy also the
+// fail-open variant.
 func authlimitDown(t *testing.T, px proxy) {
 	variants := []string{""}
-	if px.name == "nginx" || px.name == "openresty" {
+	if px.name == "nginx" || px.name == "openresty" || px.name == "haproxy" {
 		variants = append(variants, "failopen")
 	}
 	for _, v := range variants {

@@ -39,6 +39,7 @@ var bins struct {
 	redis     string
 	nginx     string
 	caddy     string
+	haproxy   string
 	traefik   string
 	missing   map[string]error // per proxy: why it cannot be had
 }
@@ -124,10 +125,33 @@ func findBinaries() error {
 	if bins.caddy, err = exec.LookPath("caddy"); err != nil {
 		bins.missing["caddy"] = errors.New("caddy is not installed (Debian: apt-get install caddy)")
 	}
+	if bins.haproxy, err = haproxyWithLua(); err != nil {
+		bins.missing["haproxy"] = err
+	}
 	if bins.traefik, err = traefik(); err != nil {
 		bins.missing["traefik"] = err
 	}
 	return nil
+}
+
+// haproxyWithLua finds haproxy and checks that it was built with Lua, which
+// haproxy/authlimit.lua needs (Debian's is).
+func haproxyWithLua() (string, error) {
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		bin = "/usr/sbin/haproxy"
+		if _, err := os.Stat(bin); err != nil {
+			return "", errors.New("haproxy is not installed (Debian: apt-get install haproxy)")
+		}
+	}
+	out, err := exec.Command(bin, "-vv").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s -vv: %v\n%s", bin, err, out)
+	}
+	if !strings.Contains(string(out), "USE_LUA=1") {
+		return "", fmt.Errorf("%s was built without Lua (USE_LUA=1), which haproxy/authlimit.lua needs (Debian's haproxy has it)", bin)
+	}
+	return bin, nil
 }
 
 // traefik returns a Traefik binary: $AUTHLIMIT_E2E_TRAEFIK, or the one

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // proxy is one way users put authlimit behind a proxy: the shipped file,
@@ -26,7 +27,8 @@ type proxy struct {
 	authlimitDown, closed int
 	// start runs the proxy in front of authlimit and backend and returns
 	// its address. variant selects a documented alternative ("" or
-	// "failopen").
+	// "failopen"; for haproxy also "slow", its timeout to authlimit cut to
+	// slowTimeout, alone or with "failopen").
 	start func(t *testing.T, authlimit, backend, variant string) string
 }
 
@@ -35,6 +37,7 @@ var proxies = []proxy{
 	{name: "openresty", relaysOnAllowed: true, authlimitDown: 503, closed: 503, start: startNginx(true)},
 	{name: "caddy", relaysOnAllowed: true, authlimitDown: 502, closed: 503, start: startCaddy},
 	{name: "traefik", relaysOnAllowed: false, authlimitDown: 500, closed: 503, start: startTraefik},
+	{name: "haproxy", relaysOnAllowed: true, authlimitDown: 503, closed: 503, start: startHAProxy},
 }
 
 // startNginx runs nginx with nginx/example.conf (auth_request) or
@@ -144,6 +147,38 @@ func startTraefik(t *testing.T, authlimit, backend, _ string) string {
 		"address: 127.0.0.1:8000", "address: "+addr,
 		"filename: /etc/traefik/dynamic.yml", "filename: "+dynamic))
 	p := start(t, "traefik", bins.traefik, []string{"--configFile=" + static}, []string{"HOME=" + dir, "PATH=" + os.Getenv("PATH")}, dir)
+	waitProxy(t, p, addr, "")
+	return addr
+}
+
+// slowTimeout is haproxy.cfg's "timeout server" to authlimit in the "slow"
+// variant.
+const slowTimeout = 700 * time.Millisecond
+
+// startHAProxy runs haproxy with haproxy/haproxy.cfg and the
+// haproxy/authlimit.lua it loads. Each instance binds its own abstract
+// socket, as two HAProxy instances on one host must.
+func startHAProxy(t *testing.T, authlimit, backend, variant string) string {
+	t.Helper()
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	socket := "abns@authlimit-" + strings.ReplaceAll(addr, ":", "-")
+	pairs := []string{
+		"lua-load /etc/haproxy/authlimit.lua", "lua-load " + filepath.Join(bins.repo, "haproxy", "authlimit.lua"),
+		`set-var proc.authlimit_socket str("abns@authlimit")`, `set-var proc.authlimit_socket str("` + socket + `")`,
+		"bind abns@authlimit", "bind " + socket,
+		"bind 127.0.0.1:8000", "bind " + addr,
+		"server app 127.0.0.1:9000", "server app " + backend,
+		"server authlimit 127.0.0.1:8080", "server authlimit " + authlimit,
+	}
+	if strings.Contains(variant, "failopen") {
+		pairs = append(pairs, `set-var proc.authlimit_unreachable str("closed")`, `set-var proc.authlimit_unreachable str("open")`)
+	}
+	if strings.Contains(variant, "slow") {
+		pairs = append(pairs, "timeout server 2s", fmt.Sprintf("timeout server %dms", slowTimeout.Milliseconds()))
+	}
+	writeFile(t, filepath.Join(dir, "haproxy.cfg"), render(t, "haproxy/haproxy.cfg", pairs...))
+	p := start(t, "haproxy", bins.haproxy, []string{"-db", "-f", filepath.Join(dir, "haproxy.cfg")}, []string{"PATH=" + os.Getenv("PATH")}, dir)
 	waitProxy(t, p, addr, "")
 	return addr
 }

@@ -1,0 +1,171 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// silentAuth stands in for an authlimit that accepts connections and reads
+// requests but never answers (stalled, or holding a shaped request too
+// long). It counts the requests it read.
+type silentAuth struct {
+	addr     string
+	mu       sync.Mutex
+	requests int
+}
+
+func startSilentAuth(t *testing.T) *silentAuth {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &silentAuth{addr: l.Addr().String()}
+	var conns sync.WaitGroup
+	var mu sync.Mutex
+	var open []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			open = append(open, c)
+			mu.Unlock()
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					req.Body.Close()
+					s.mu.Lock()
+					s.requests++
+					s.mu.Unlock()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		conns.Wait()
+	})
+	return s
+}
+
+func (s *silentAuth) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests
+}
+
+// TestHAProxySlowAuthlimit: behind haproxy/haproxy.cfg, an authlimit that
+// does not answer costs a client the listen section's "timeout server",
+// then the documented fail behaviour: 503 with the problem body, or with
+// proc.authlimit_unreachable "open" the backend's answer. The request
+// reached authlimit once: the listen section resends nothing.
+func TestHAProxySlowAuthlimit(t *testing.T) {
+	px := proxyNamed(t, "haproxy")
+	for _, variant := range []string{"slow", "slow failopen"} {
+		t.Run(variant, func(t *testing.T) {
+			t.Parallel()
+			silent := startSilentAuth(t)
+			b := startBackend(t)
+			addr := px.start(t, silent.addr, b.addr, variant)
+			c := newClient("127.0.0.31")
+			r := c.do(t, "GET", "http://"+addr+"/slow", nil)
+			want := 503
+			if strings.Contains(variant, "failopen") {
+				want = 200
+			}
+			if r.status != want {
+				t.Errorf("authlimit silent: %d %q, want %d", r.status, firstLine(r.body), want)
+			}
+			if want == 503 {
+				if ct := r.header.Get("Content-Type"); ct != "application/problem+json" || !strings.Contains(r.body, `"type":"urn:authlimit:unreachable"`) {
+					t.Errorf("authlimit silent: Content-Type %q, body %q, want urn:authlimit:unreachable", ct, r.body)
+				}
+				if got := b.count("/slow"); got != 0 {
+					t.Errorf("%d requests reached the backend, want 0", got)
+				}
+			} else if got := b.count("/slow"); got != 1 {
+				t.Errorf("%d requests reached the backend, want 1", got)
+			}
+			// Within the timeout, and a margin for a loaded machine.
+			if r.elapsed < slowTimeout || r.elapsed > slowTimeout+5*time.Second {
+				t.Errorf("the answer took %v, want %v and a margin", r.elapsed, slowTimeout)
+			}
+			if got := silent.count(); got != 1 {
+				t.Errorf("authlimit got the request %d times, want once", got)
+			}
+		})
+	}
+}
+
+// TestHAProxyReusesConnections: with many clients at once, HAProxy opens
+// about one connection to authlimit per request in flight, and keeps them
+// for the next requests: a second round of the same clients costs few new
+// ones. (One client after another costs one connection in all:
+// TestNginxReusesConnections.)
+func TestHAProxyReusesConnections(t *testing.T) {
+	const (
+		clients = 16
+		each    = 20
+	)
+	px := proxyNamed(t, "haproxy")
+	s := newStack(t, px, "name=per-ip key=ip limit=1000/1m", "")
+	a := s.authlimit[0]
+	round := func() float64 {
+		t.Helper()
+		before := scrape(t, a.addr)
+		var wg sync.WaitGroup
+		errs := make(chan string, clients*each)
+		for i := 0; i < clients; i++ {
+			wg.Add(1)
+			go func(c *client) {
+				defer wg.Done()
+				for j := 0; j < each; j++ {
+					if r := c.do(t, "GET", s.url(0, "/reuse"), nil); r.status != 200 {
+						errs <- fmt.Sprintf("client %s: %d %q", c.ip, r.status, firstLine(r.body))
+					}
+				}
+			}(newClient(fmt.Sprintf("127.0.3.%d", 10+i)))
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Error(e)
+		}
+		after := scrape(t, a.addr)
+		return after.sum("authlimit_connections_accepted_total") - before.sum("authlimit_connections_accepted_total")
+	}
+	first, second := round(), round()
+	t.Logf("haproxy: %v then %v connections accepted for two rounds of %d requests from %d clients at once", first, second, clients*each, clients)
+	// Each scrape is a connection of its own.
+	if first > clients+2 {
+		t.Errorf("first round: %v connections for %d requests, %d at a time: HAProxy does not reuse its connections to authlimit", first, clients*each, clients)
+	}
+	if second > clients/2+2 {
+		t.Errorf("second round: %v new connections, want at most %d: HAProxy did not keep its connections to authlimit", second, clients/2+2)
+	}
+	if got := s.backend.count("/reuse"); got != 2*clients*each {
+		t.Errorf("%d requests reached the backend, want %d", got, 2*clients*each)
+	}
+}
