@@ -34,8 +34,9 @@ test: lint
 	$(GO) test -count=1 -run 'Allocates' $(PKGS)
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'
 
-# e2e runs authlimit behind real nginx, nginx with Lua, Caddy and Traefik
-# (see e2e/README.md for what it needs; the first run builds Traefik).
+# e2e runs authlimit behind real nginx, nginx with Lua, Caddy, Traefik and
+# HAProxy (see e2e/README.md for what it needs; the first run builds
+# Traefik).
 e2e:
 	$(GO) test -tags e2e -count=1 -timeout 30m -v ./e2e/...
 
