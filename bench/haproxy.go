@@ -17,7 +17,6 @@ import (
 // taken from the load's X-Forwarded-For as nginx's realip module does.
 const haproxyAlone = `global
     nbthread 1
-    maxconn 20000
 
 defaults
     mode http
@@ -76,7 +75,7 @@ func startHAProxyAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
 func renderHAProxyAuth(conf, lua, addr, authAddr string) (string, error) {
 	socket := "abns@authlimit-bench-" + strings.ReplaceAll(addr, ":", "-")
 	return render(conf,
-		"global\n", "global\n    nbthread 1\n    maxconn 20000\n",
+		"global\n", "global\n    nbthread 1\n",
 		"lua-load /etc/haproxy/authlimit.lua", "lua-load "+lua,
 		`set-var proc.authlimit_socket str("abns@authlimit")`, `set-var proc.authlimit_socket str("`+socket+`")`,
 		"bind abns@authlimit", "bind "+socket,

@@ -15,11 +15,11 @@ import (
 
 // silentAuth stands in for an authlimit that accepts connections and reads
 // requests but never answers (stalled, or holding a shaped request too
-// long). It counts the requests it read.
+// long). It counts the requests it read by X-Forwarded-Uri.
 type silentAuth struct {
 	addr     string
 	mu       sync.Mutex
-	requests int
+	requests map[string]int
 }
 
 func startSilentAuth(t *testing.T) *silentAuth {
@@ -28,7 +28,7 @@ func startSilentAuth(t *testing.T) *silentAuth {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &silentAuth{addr: l.Addr().String()}
+	s := &silentAuth{addr: l.Addr().String(), requests: map[string]int{}}
 	var conns sync.WaitGroup
 	var mu sync.Mutex
 	var open []net.Conn
@@ -52,7 +52,7 @@ func startSilentAuth(t *testing.T) *silentAuth {
 					}
 					req.Body.Close()
 					s.mu.Lock()
-					s.requests++
+					s.requests[req.Header.Get("X-Forwarded-Uri")]++
 					s.mu.Unlock()
 				}
 			}()
@@ -70,10 +70,10 @@ func startSilentAuth(t *testing.T) *silentAuth {
 	return s
 }
 
-func (s *silentAuth) count() int {
+func (s *silentAuth) count(uri string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.requests
+	return s.requests[uri]
 }
 
 // TestHAProxySlowAuthlimit: behind haproxy/haproxy.cfg, an authlimit that
@@ -112,7 +112,7 @@ func TestHAProxySlowAuthlimit(t *testing.T) {
 			if r.elapsed < slowTimeout || r.elapsed > slowTimeout+5*time.Second {
 				t.Errorf("the answer took %v, want %v and a margin", r.elapsed, slowTimeout)
 			}
-			if got := silent.count(); got != 1 {
+			if got := silent.count("/slow"); got != 1 {
 				t.Errorf("authlimit got the request %d times, want once", got)
 			}
 		})
