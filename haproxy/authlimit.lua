@@ -4,9 +4,9 @@
 -- the answer. haproxy.cfg beside this file shows its use.
 --
 -- The action sends its requests to HAProxy's own "listen authlimit"
--- section, whose server is authlimit: that section holds
--- the address, the timeouts and the connections to authlimit, which it
--- keeps open and reuses. It also keeps a request from being sent twice:
+-- section, whose server is authlimit: that section holds the address, the
+-- timeouts and the connections to authlimit, which it keeps open and
+-- reuses. It also keeps a request from being sent twice:
 -- HAProxy 2.6's httpclient resends a request that timed out (up to 3
 -- times), while a proxy section answers 504 once its "timeout server" has
 -- passed, and resends nothing (retries only redo failed connects).
@@ -104,7 +104,9 @@ local function request(txn)
     end
     headers["x-forwarded-for"] = { txn.f:src() }
     headers["x-forwarded-method"] = { txn.f:method() }
-    headers["x-forwarded-uri"] = { txn.f:pathq() }
+    -- The path and query; the request target itself when it has no path
+    -- ("OPTIONS *").
+    headers["x-forwarded-uri"] = { txn.f:pathq() or txn.f:url() }
     headers["x-forwarded-proto"] = { proto }
     headers["x-forwarded-host"] = { txn.f:req_hdr("host") }
     local length = txn.f:req_hdr("content-length")
