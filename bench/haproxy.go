@@ -50,15 +50,15 @@ func startHAProxyAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
 		return nil, err
 	}
 	addr, err1 := freeAddr()
-	conf, err2 := os.ReadFile(e.o.haproxyConf)
+	conf, err2 := os.ReadFile(e.o.haproxyCfg)
 	if err := firstError(err1, err2); err != nil {
 		al.stop()
 		return nil, err
 	}
-	cfg, err := renderHAProxyAuth(string(conf), filepath.Join(filepath.Dir(e.o.haproxyConf), "authlimit.lua"), addr, alAddr)
+	cfg, err := renderHAProxyAuth(string(conf), filepath.Join(filepath.Dir(e.o.haproxyCfg), "authlimit.lua"), addr, alAddr)
 	if err != nil {
 		al.stop()
-		return nil, fmt.Errorf("render %s: %w", e.o.haproxyConf, err)
+		return nil, fmt.Errorf("render %s: %w", e.o.haproxyCfg, err)
 	}
 	in, err := startHAProxy(ctx, e, cfg, addr, al)
 	if err != nil {

@@ -18,27 +18,27 @@ import (
 
 // options is the whole configuration of one benchmark run.
 type options struct {
-	authlimit   string        // path of the authlimit binary under test
-	rounds      int           // rounds; each runs every system once per workload
-	duration    time.Duration // measured window of one run
-	warmup      time.Duration // unmeasured load before the window
-	conns       []int         // connection counts, each a workload variant
-	workloads   []string      // "ips", "hot"
-	systems     []string      // names from systemNames, in the order given
-	ips         int           // distinct client IPs of the ips workload
-	nginx       string        // nginx binary
-	redis       string        // redis-server binary
-	nginxConf   string        // the shipped auth_request config
-	haproxy     string        // haproxy binary
-	haproxyConf string        // the shipped haproxy.cfg, beside authlimit.lua
-	out         string        // the results file
-	memory      bool          // measure Redis memory per key
-	micro       bool          // run the Go micro-benchmarks
-	benchtime   string        // go test -benchtime, empty for its default
-	goBin       string        // go command for the micro-benchmarks
-	goVersion   string        // filled in by the run: `go version`
-	selfBinary  string        // this program, for the serve-* subcommands
-	args        []string      // the command line, for the results
+	authlimit  string        // path of the authlimit binary under test
+	rounds     int           // rounds; each runs every system once per workload
+	duration   time.Duration // measured window of one run
+	warmup     time.Duration // unmeasured load before the window
+	conns      []int         // connection counts, each a workload variant
+	workloads  []string      // "ips", "hot"
+	systems    []string      // names from systemNames, in the order given
+	ips        int           // distinct client IPs of the ips workload
+	nginx      string        // nginx binary
+	redis      string        // redis-server binary
+	nginxConf  string        // the shipped auth_request config
+	haproxy    string        // haproxy binary
+	haproxyCfg string        // the shipped haproxy.cfg, beside authlimit.lua
+	out        string        // the results file
+	memory     bool          // measure Redis memory per key
+	micro      bool          // run the Go micro-benchmarks
+	benchtime  string        // go test -benchtime, empty for its default
+	goBin      string        // go command for the micro-benchmarks
+	goVersion  string        // filled in by the run: `go version`
+	selfBinary string        // this program, for the serve-* subcommands
+	args       []string      // the command line, for the results
 }
 
 // parseOptions reads the flags and reports every mistake at once.
@@ -58,7 +58,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.redis, "redis-server", "redis-server", "redis-server binary")
 	fs.StringVar(&o.nginxConf, "nginx-conf", "nginx/example.conf", "the shipped nginx auth_request config, for nginx-authlimit-redis and nginx-auth-null")
 	fs.StringVar(&o.haproxy, "haproxy", "haproxy", "haproxy binary, built with Lua (haproxy systems are skipped if it is missing)")
-	fs.StringVar(&o.haproxyConf, "haproxy-conf", "haproxy/haproxy.cfg", "the shipped haproxy.cfg, with authlimit.lua beside it, for haproxy-authlimit-redis")
+	fs.StringVar(&o.haproxyCfg, "haproxy-conf", "haproxy/haproxy.cfg", "the shipped haproxy.cfg, with authlimit.lua beside it, for haproxy-authlimit-redis")
 	fs.StringVar(&o.out, "out", "bench/RESULTS.md", "results file, written at the end of a complete run")
 	fs.BoolVar(&o.memory, "memory", true, "measure Redis memory per key for each algorithm")
 	fs.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks (go test -bench)")
@@ -118,7 +118,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	// Processes start in their run's directory: paths must not be
 	// relative to this one.
-	for _, path := range []*string{&o.authlimit, &o.nginx, &o.redis, &o.nginxConf, &o.haproxy, &o.haproxyConf, &o.goBin} {
+	for _, path := range []*string{&o.authlimit, &o.nginx, &o.redis, &o.nginxConf, &o.haproxy, &o.haproxyCfg, &o.goBin} {
 		if strings.Contains(*path, "/") {
 			abs, err := filepath.Abs(*path)
 			if err != nil {
