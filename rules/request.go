@@ -117,7 +117,8 @@ var (
 //   - anything that does not start with "/" gets one.
 //
 // A trailing slash stays ("/login/" may differ from "/login" to a backend);
-// path= prefixes match whole segments, so "/login" covers both.
+// path= prefixes match whole segments, so "/login" covers both, and a
+// regular expression is matched against the path with and without it.
 func AppendPath(dst, uri []byte) []byte {
 	if i := bytes.IndexAny(uri, "?#"); i >= 0 {
 		uri = uri[:i]

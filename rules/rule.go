@@ -31,7 +31,8 @@ type Rule struct {
 	// rule applies to; empty means any. All are matched as request.go
 	// normalizes requests: methods in upper case, hosts in lower case
 	// without port or trailing dot, paths in lower case without path
-	// parameters.
+	// parameters. PathRegexp also matches a path whose trailing slash it
+	// would match without.
 	Methods    []string
 	Host       string // exact, or "*.example.com" for any subdomain
 	PathPrefix string
@@ -121,10 +122,22 @@ func (r *Rule) Match(q *Request) bool {
 	if r.pathPrefix != nil && !pathHasPrefix(q.Path, r.pathPrefix) {
 		return false
 	}
-	if r.PathRegexp != nil && !r.PathRegexp.Match(q.Path) {
+	if r.PathRegexp != nil && !matchPath(r.PathRegexp, q.Path) {
 		return false
 	}
 	return true
+}
+
+// matchPath matches a regular expression against the path, and against the
+// path without its trailing slash: backends (Express, Rails, ASP.NET Core,
+// Spring) route "/upload/" and "/upload" to one handler, so
+// "^/upload$" must cover both, as path= prefixes do.
+func matchPath(re *regexp.Regexp, path []byte) bool {
+	if re.Match(path) {
+		return true
+	}
+	n := len(path)
+	return n > 1 && path[n-1] == '/' && re.Match(path[:n-1])
 }
 
 // pathHasPrefix matches whole segments: "/login" covers "/login" and

@@ -42,6 +42,8 @@ func mustParse(t *testing.T, src string) []*Rule {
 func TestMatchWhereBackendsRoute(t *testing.T) {
 	login := mustParse(t, "name=login limit=2/1m path=/login method=POST")[0]
 	regex := mustParse(t, "name=up limit=2/1m path=~^/upload/[0-9]+$")[0]
+	slash := mustParse(t, "name=s limit=2/1m path=~^/a/$")[0]
+	root := mustParse(t, "name=r limit=2/1m path=~^/$")[0]
 	host := mustParse(t, "name=h limit=2/1m host=api.example.com")[0]
 	wild := mustParse(t, "name=w limit=2/1m host=*.example.com")[0]
 	tests := []struct {
@@ -64,6 +66,15 @@ func TestMatchWhereBackendsRoute(t *testing.T) {
 		{regex, "GET", "/UPLOAD/42", "", true},
 		{regex, "GET", "/upload/42;x", "", true},
 		{regex, "GET", "/upload/x", "", false},
+		{regex, "GET", "/upload/42/", "", true},
+		{regex, "GET", "/upload/42/.", "", true},
+		{regex, "GET", "/Upload/42//", "", true},
+		{regex, "GET", "/upload/42/x", "", false},
+		{slash, "GET", "/a/", "", true},
+		{slash, "GET", "/a", "", false},
+		{root, "GET", "/", "", true},
+		{root, "GET", "//", "", true},
+		{root, "GET", "/x/", "", false},
 		{host, "GET", "/", "API.example.com:8443", true},
 		{host, "GET", "/", "api.example.com.", true},
 		{host, "GET", "/", "api.example.com, other", true},
