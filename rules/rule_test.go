@@ -155,3 +155,49 @@ func TestCost(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchMethod: a rule for GET applies to HEAD, which backends answer
+// with the GET handler; on a POST, a rule for the method a method-override
+// header names applies too, as backends that honour those headers route
+// the request by it.
+func TestMatchMethod(t *testing.T) {
+	rs := mustParse(t, "name=get limit=2/1m method=GET; name=del limit=2/1m method=DELETE,PUT; name=head limit=2/1m method=HEAD; name=post limit=2/1m method=POST")
+	get, del, head, post := rs[0], rs[1], rs[2], rs[3]
+	tests := []struct {
+		rule   *Rule
+		method string
+		h      headers
+		want   bool
+	}{
+		{get, "GET", nil, true},
+		{get, "HEAD", nil, true},
+		{get, "head", nil, true},
+		{get, "POST", nil, false},
+		{head, "GET", nil, false},
+		{head, "HEAD", nil, true},
+		{del, "DELETE", nil, true},
+		{del, "POST", nil, false},
+		{del, "POST", headers{"X-Http-Method-Override": {"DELETE"}}, true},
+		{del, "POST", headers{"X-Method-Override": {"delete"}}, true},
+		{del, "POST", headers{"X-Http-Method": {" PUT "}}, true},
+		{del, "POST", headers{"X-Http-Method-Override": {"PATCH"}}, false},
+		{del, "POST", headers{"X-Http-Method-Override": {"PATCH"}, "X-Http-Method": {"DELETE"}}, true},
+		{del, "POST", headers{"X-Http-Method-Override": {"GET, DELETE"}}, true},
+		{del, "POST", headers{"X-Http-Method-Override": {""}}, false},
+		// A repeated override header: whichever copy a backend reads,
+		// the request falls under the rule.
+		{del, "POST", headers{"X-Http-Method-Override": {"PATCH", "PATCH"}}, true},
+		{get, "POST", headers{"X-Http-Method-Override": {"HEAD"}}, true},
+		{get, "POST", headers{"X-Http-Method-Override": {"GET"}}, true},
+		// The real method's rules still apply.
+		{post, "POST", headers{"X-Http-Method-Override": {"DELETE"}}, true},
+		// Backends honour overrides on POST only.
+		{del, "GET", headers{"X-Http-Method-Override": {"DELETE"}}, false},
+		{del, "PATCH", headers{"X-Http-Method-Override": {"DELETE"}}, false},
+	}
+	for _, tc := range tests {
+		if got := tc.rule.Match(request(tc.method, "/", "", tc.h)); got != tc.want {
+			t.Errorf("%s.Match(%s %v) = %v, want %v", tc.rule.Name, tc.method, tc.h, got, tc.want)
+		}
+	}
+}
