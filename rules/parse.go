@@ -251,7 +251,8 @@ func parseKey(v string) ([]Part, error) {
 		default:
 			return nil, fmt.Errorf("unknown part %q (want ip, header:<Name>, host, method, path or global)", p)
 		}
-		canon := strings.ToLower(part.String())
+		// Header names are one in any case and with '_' for '-'.
+		canon := strings.ReplaceAll(strings.ToLower(part.String()), "_", "-")
 		if seen[canon] {
 			return nil, fmt.Errorf("part %q given twice", p)
 		}

@@ -194,3 +194,9 @@ func TestIPv6HostRuleMatches(t *testing.T) {
 		}
 	}
 }
+
+func TestKeyPartsOneHeaderInAnySpelling(t *testing.T) {
+	if _, err := Parse("name=k key=header:X-Api-Key+header:x_api_key limit=1/1m"); err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Errorf("X-Api-Key and x_api_key as two key parts: %v, want given twice", err)
+	}
+}
