@@ -48,7 +48,8 @@ type Rule struct {
 	// Shadow rules are decided and counted but never deny.
 	Shadow bool
 
-	host       []byte // Host without "*."
+	warnings   []string // see Warnings
+	host       []byte   // Host without "*."
 	wildcard   bool
 	pathPrefix []byte
 	methods    [][]byte

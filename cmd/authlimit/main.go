@@ -160,6 +160,9 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	if s.defaultRules {
 		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", rules.Default)
 	}
+	for _, w := range s.warnings {
+		log.Warn("configuration: " + w)
+	}
 	if s.redisOptions == nil {
 		log.Warn("AUTHLIMIT_REDIS_URL is not set: limits are kept in this instance's memory; replicas do not share them")
 	}
