@@ -268,10 +268,16 @@ func checkPathRegexp(re string) error {
 	walk(tree)
 	switch {
 	case query != 0:
-		alone := ""
-		if i := strings.IndexAny(re, "?#"); i > 0 {
-			prefix := strings.TrimRight(re[:i], `\[`)
-			if _, err := regexp.Compile(prefix); err == nil && prefix != "" && prefix != "^" {
+		// Suggest what precedes the first "\?", "[?" or "#", if that
+		// is an expression of its own.
+		alone, first := "", len(re)
+		for _, lit := range []string{`\?`, "[?", "#"} {
+			if i := strings.Index(re, lit); i >= 0 {
+				first = min(first, i)
+			}
+		}
+		if prefix := re[:first]; prefix != "" && prefix != "^" && first < len(re) {
+			if _, err := regexp.Compile(prefix); err == nil {
 				alone = ", such as path=~" + prefix
 			}
 		}

@@ -124,6 +124,7 @@ func TestParseRulesErrorsNameRuleAndField(t *testing.T) {
 		{`name=s limit=1/1m path=~^/search\?q=x`, []string{`rule 1 "s": path "~^/search\\?q=x": `, "query", "path=~^/search"}},
 		{`name=s limit=1/1m path=~^/a(#top|/b)$`, []string{`path "~^/a(#top|/b)$": `, "fragment"}},
 		{`name=s limit=1/1m path=~^/search[?]`, []string{`path "~^/search[?]": `, "query"}},
+		{`name=s limit=1/1m path=~^/(?:v1/)?search\?q=x`, []string{"such as path=~^/(?:v1/)?search (no rule"}},
 		{`name=l limit=1/1m path=~(?-i)^/Login$`, []string{`rule 1 "l": path "~(?-i)^/Login$": `, "lower case", `"L"`, "(?-i)"}},
 		{`name=l limit=1/1m path=~^/a/(?-i:[A-Z]+)$`, []string{`path "~^/a/(?-i:[A-Z]+)$": `, "lower case"}},
 		{`name=m limit=1/1m on_missing=deny`, []string{`rule 1 "m": on_missing "deny": `, "header:", "key=ip+header:"}},
