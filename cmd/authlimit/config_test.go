@@ -424,4 +424,9 @@ func TestCheckRulesThatNeverWork(t *testing.T) {
 	if err := run(context.Background(), []string{"-check"}, []string{"AUTHLIMIT_RULES=name=h key=host limit=1/1m"}, &out, io.Discard); err != nil || strings.Contains(out.String(), "warnings") {
 		t.Errorf("-check with key=host: %v, want success without warnings:\n%s", err, out.String())
 	}
+	// The start logs the warnings too.
+	app := startApp(t, map[string]string{"AUTHLIMIT_RULES": "name=h key=header:Host limit=1/1m"})
+	if logs := app.logs.String(); !strings.Contains(logs, "configuration warning") || !strings.Contains(logs, `key \"header:Host\": behind nginx`) {
+		t.Errorf("the start does not log the warning:\n%s", logs)
+	}
 }

@@ -180,7 +180,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", rules.Default)
 	}
 	for _, w := range s.warnings {
-		log.Warn("configuration: " + w)
+		log.Warn("configuration warning", "detail", w)
 	}
 	if s.redisOptions == nil {
 		log.Warn("AUTHLIMIT_REDIS_URL is not set: limits are kept in this instance's memory; replicas do not share them")
