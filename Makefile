@@ -53,7 +53,7 @@ bench: build
 
 # fuzz runs each fuzz target for FUZZTIME; new findings land in testdata.
 fuzz:
-	for f in FuzzParse FuzzClientIP FuzzAppendPath; do \
+	for f in FuzzParse FuzzClientIP FuzzAppendPath FuzzHeaderName; do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./rules || exit 1; \
 	done
 	$(GO) test -run '^$$' -fuzz '^FuzzAuth$$' -fuzztime $(FUZZTIME) ./handler

@@ -383,22 +383,15 @@ func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) boo
 }
 
 // headers gives rules a request's headers. fasthttp keeps one value of the
-// headers it parses itself (User-Agent, Content-Type, Host, ...), so how
-// many times a header occurs is counted in the raw header block, which a
-// request read from a connection has.
+// headers it parses itself (User-Agent, Content-Type, Host, ...), and
+// keeps X_Api_Key apart from X-Api-Key, so how many times a header occurs
+// is counted in the raw header block, which a request read from a
+// connection has (see rules.LookupHeader).
 type headers struct{ h *fasthttp.RequestHeader }
 
 // Lookup implements rules.Headers.
 func (x *headers) Lookup(name string) ([]byte, int) {
-	vals := x.h.PeekAll(name)
-	n := len(vals)
-	if raw := x.h.RawHeaders(); len(raw) > 0 {
-		n = max(n, rules.CountHeader(raw, name))
-	}
-	if len(vals) == 0 {
-		return nil, n
-	}
-	return vals[0], n
+	return rules.LookupHeader(x.h.RawHeaders(), name, x.h.PeekAll(name))
 }
 
 // respond writes the answer: metrics, headers and status.

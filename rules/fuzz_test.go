@@ -96,5 +96,65 @@ func FuzzAppendPath(f *testing.F) {
 		if strings.IndexFunc(p, func(r rune) bool { return 'A' <= r && r <= 'Z' }) >= 0 {
 			t.Fatalf("AppendPath(%q) = %q: not in lower case", uri, p)
 		}
+		// A regular-expression rule applies to a path with or without
+		// its trailing slash alike, as backends route them.
+		if p != "/" {
+			bare := strings.TrimSuffix(p, "/")
+			want := slashRule.Match(request("GET", bare, "", nil))
+			for _, q := range []string{uri, bare + "/"} {
+				if got := slashRule.Match(request("GET", q, "", nil)); got != want {
+					t.Fatalf("path=~%s matches %q: %v, but %q: %v", slashRule.PathRegexp, q, got, bare, want)
+				}
+			}
+		}
+	})
+}
+
+// slashRule is the regular-expression rule FuzzAppendPath matches paths
+// with.
+var slashRule = func() *Rule {
+	rs, err := Parse("name=up limit=1/1m path=~^/a[^/]*/[0-9]+$")
+	if err != nil {
+		panic(err)
+	}
+	return rs[0]
+}()
+
+// FuzzHeaderName: a header is found under any spelling of its name that
+// differs in case or in '-' against '_', counted as CountHeader counts it,
+// and its value is within its line, without the spaces, tabs and carriage
+// return around it.
+func FuzzHeaderName(f *testing.F) {
+	f.Add("X_Api_Key: victim\r\nX-Api-Key: r1\r\n\r\n", "X-Api-Key")
+	f.Add("x_api-KEY:\t a \r\n folded\r\nHost: h\n\n", "X-API_key")
+	f.Add("User-Agent: a\r\nuser_agent: b", "User-Agent")
+	f.Fuzz(func(t *testing.T, raw, name string) {
+		if name == "" {
+			return
+		}
+		n := CountHeader([]byte(raw), name)
+		other := strings.Map(func(r rune) rune {
+			switch {
+			case r == '-':
+				return '_'
+			case r == '_':
+				return '-'
+			case 'a' <= r && r <= 'z':
+				return r - 'a' + 'A'
+			case 'A' <= r && r <= 'Z':
+				return r - 'A' + 'a'
+			}
+			return r
+		}, name)
+		if got := CountHeader([]byte(raw), other); got != n {
+			t.Fatalf("CountHeader(%q, %q) = %d, but %d under %q", raw, name, n, got, other)
+		}
+		v, got := LookupHeader([]byte(raw), name, nil)
+		if got != n {
+			t.Fatalf("LookupHeader(%q, %q) counts %d, CountHeader %d", raw, name, got, n)
+		}
+		if n == 1 && (strings.Contains(string(v), "\n") || strings.Trim(string(v), " \t\r") != string(v)) {
+			t.Fatalf("LookupHeader(%q, %q) = %q: a line feed, or spaces, tabs or a carriage return around it", raw, name, v)
+		}
 	})
 }

@@ -1,10 +1,12 @@
 package rules
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
+	"regexp/syntax"
 	"strconv"
 	"strings"
 	"time"
@@ -134,7 +136,9 @@ func parseRule(n int, src string) (*Rule, error) {
 		case "path":
 			if re, ok := strings.CutPrefix(v, "~"); ok {
 				// Paths are matched in lower case (see AppendPath).
-				r.PathRegexp, err = regexp.Compile("(?i)" + re)
+				if r.PathRegexp, err = regexp.Compile("(?i)" + re); err == nil {
+					err = checkPathRegexp(re)
+				}
 			} else {
 				r.PathPrefix, err = parsePathPrefix(v)
 			}
@@ -161,6 +165,21 @@ func parseRule(n int, src string) (*Rule, error) {
 	if _, ok := fields["cost_missing"]; ok && r.CostHeader == "" && len(errs) == 0 {
 		errs = append(errs, errors.New("cost_missing: only with cost=header:<Name>"))
 	}
+	if r.DenyOnMissing && !hasHeaderPart(r.Key) && len(errs) == 0 {
+		fail("on_missing", fmt.Errorf("the key %q has no header: part, so no part of it can be missing and this does nothing: remove on_missing=, or count by a header as well (key=ip+header:<Name>)", keyString(r.Key)))
+	}
+	var warnings []string
+	warn := func(field string, err error) {
+		warnings = append(warnings, ruleError(n, name, fmt.Errorf("%s %q: %w", field, fields[field], err)).Error())
+	}
+	for _, p := range r.Key {
+		if p.Kind == PartHeader && sameHeader([]byte(p.Header), "Host") {
+			warn("key", errors.New("behind nginx auth_request the subrequest's Host header is authlimit's upstream name, the same for every request, so all clients would share one counter: use key=host, which reads the original host (X-Forwarded-Host, or the URL header)"))
+		}
+	}
+	if r.CostHeader != "" && sameHeader([]byte(r.CostHeader), "Content-Length") {
+		warn("cost", errors.New("nginx clears Content-Length on the auth subrequest, which has no body, so every request would cost cost_missing: use cost=header:X-Original-Content-Length, which nginx/example.conf, nginx/openresty.conf and caddy/Caddyfile set to the body's length"))
+	}
 	if len(errs) == 0 {
 		p, err := algo.NewPolicy(spec)
 		if err != nil {
@@ -186,7 +205,107 @@ func parseRule(n int, src string) (*Rule, error) {
 		return nil, errors.Join(out...)
 	}
 	r.compile()
+	r.warnings = warnings
 	return r, nil
+}
+
+// Warnings lists what is valid in the rule but does nothing behind the
+// usual proxies, each naming the rule and the field and saying what to
+// use instead.
+func (r *Rule) Warnings() []string { return r.warnings }
+
+func hasHeaderPart(parts []Part) bool {
+	for _, p := range parts {
+		if p.Kind == PartHeader {
+			return true
+		}
+	}
+	return false
+}
+
+func keyString(parts []Part) string {
+	s := make([]string, len(parts))
+	for i, p := range parts {
+		s[i] = p.String()
+	}
+	return strings.Join(s, "+")
+}
+
+// checkPathRegexp refuses a path= regular expression (re, as written) that
+// can never match some part of a path as AppendPath normalizes it: a "?"
+// or a "#" (the query and the fragment are dropped before matching), or,
+// where it is case-sensitive, a capital letter (paths are in lower case).
+func checkPathRegexp(re string) error {
+	tree, err := syntax.Parse("(?i)"+re, syntax.Perl)
+	if err != nil {
+		return err // regexp.Compile has said it already
+	}
+	var query, upper rune
+	var walk func(*syntax.Regexp)
+	walk = func(t *syntax.Regexp) {
+		switch t.Op {
+		case syntax.OpLiteral:
+			for _, c := range t.Rune {
+				switch {
+				case c == '?' || c == '#':
+					query = cmp.Or(query, c)
+				case 'A' <= c && c <= 'Z' && t.Flags&syntax.FoldCase == 0:
+					upper = cmp.Or(upper, c)
+				}
+			}
+		case syntax.OpCharClass:
+			if c, ok := onlyRunes(t.Rune, func(c rune) bool { return c == '?' || c == '#' }); ok {
+				query = cmp.Or(query, c)
+			}
+			if c, ok := onlyRunes(t.Rune, func(c rune) bool { return 'A' <= c && c <= 'Z' }); ok {
+				upper = cmp.Or(upper, c)
+			}
+		}
+		for _, s := range t.Sub {
+			walk(s)
+		}
+	}
+	walk(tree)
+	switch {
+	case query != 0:
+		// Suggest what precedes the first "\?", "[?" or "#", if that
+		// is an expression of its own.
+		alone, first := "", len(re)
+		for _, lit := range []string{`\?`, "[?", "#"} {
+			if i := strings.Index(re, lit); i >= 0 {
+				first = min(first, i)
+			}
+		}
+		if prefix := re[:first]; prefix != "" && prefix != "^" && first < len(re) {
+			if _, err := regexp.Compile(prefix); err == nil {
+				alone = ", such as path=~" + prefix
+			}
+		}
+		return fmt.Errorf("paths are matched without their query or fragment, so %q here never matches: match the path alone%s (no rule reads the query)", string(query), alone)
+	case upper != 0:
+		return fmt.Errorf("paths are matched in lower case, so %q in a case-sensitive part never matches: write it in lower case, or drop (?-i)", string(upper))
+	}
+	return nil
+}
+
+// onlyRunes reports whether the character class ranges (lo, hi pairs) hold
+// something and nothing but runes for which in is true, and if so the
+// first.
+func onlyRunes(ranges []rune, in func(rune) bool) (rune, bool) {
+	if len(ranges) == 0 {
+		return 0, false
+	}
+	for i := 0; i+1 < len(ranges); i += 2 {
+		if ranges[i+1]-ranges[i] > 64 {
+			return 0, false
+		}
+		for c := ranges[i]; c <= ranges[i+1]; c++ {
+			if !in(c) {
+				return 0, false
+			}
+		}
+	}
+	return ranges[0], true
 }
 
 // compile derives the byte forms Match compares with.
@@ -251,7 +370,8 @@ func parseKey(v string) ([]Part, error) {
 		default:
 			return nil, fmt.Errorf("unknown part %q (want ip, header:<Name>, host, method, path or global)", p)
 		}
-		canon := strings.ToLower(part.String())
+		// Header names are one in any case and with '_' for '-'.
+		canon := strings.ReplaceAll(strings.ToLower(part.String()), "_", "-")
 		if seen[canon] {
 			return nil, fmt.Errorf("part %q given twice", p)
 		}

@@ -120,6 +120,15 @@ func TestParseRulesErrorsNameRuleAndField(t *testing.T) {
 		{`name=a limit=1/1m host=*.2001:db8::1`, []string{`host "*.2001:db8::1": *. needs a domain name`}},
 		{`name=a limit=1/1m path=/login?x=1`, []string{`path "/login?x=1": a path prefix has no query or fragment`}},
 		{`name=x limit=0/0s burst=-1 algorithm=nope`, []string{`limit "0/0s"`, `burst "-1"`, `algorithm "nope"`}},
+		// Never match, never act: mistakes.
+		{`name=s limit=1/1m path=~^/search\?q=x`, []string{`rule 1 "s": path "~^/search\\?q=x": `, "query", "path=~^/search"}},
+		{`name=s limit=1/1m path=~^/a(#top|/b)$`, []string{`path "~^/a(#top|/b)$": `, "fragment"}},
+		{`name=s limit=1/1m path=~^/search[?]`, []string{`path "~^/search[?]": `, "query"}},
+		{`name=s limit=1/1m path=~^/(?:v1/)?search\?q=x`, []string{"such as path=~^/(?:v1/)?search (no rule"}},
+		{`name=l limit=1/1m path=~(?-i)^/Login$`, []string{`rule 1 "l": path "~(?-i)^/Login$": `, "lower case", `"L"`, "(?-i)"}},
+		{`name=l limit=1/1m path=~^/a/(?-i:[A-Z]+)$`, []string{`path "~^/a/(?-i:[A-Z]+)$": `, "lower case"}},
+		{`name=m limit=1/1m on_missing=deny`, []string{`rule 1 "m": on_missing "deny": `, "header:", "key=ip+header:"}},
+		{`name=m limit=1/1m key=ip+host on_missing=deny`, []string{`on_missing "deny": `}},
 	}
 	for _, tc := range tests {
 		_, err := Parse(tc.src)
@@ -190,6 +199,55 @@ func TestIPv6HostRuleMatches(t *testing.T) {
 		for host, want := range map[string]bool{"[2001:db8::1]:8443": true, "[2001:DB8::1]": true, "[2001:db8::2]": false, "2001:db8::1.example.com": false} {
 			if got := r.Match(request("GET", "/", host, nil)); got != want {
 				t.Errorf("rule %s: Match(host %q) = %v, want %v", src, host, got, want)
+			}
+		}
+	}
+}
+
+func TestKeyPartsOneHeaderInAnySpelling(t *testing.T) {
+	if _, err := Parse("name=k key=header:X-Api-Key+header:x_api_key limit=1/1m"); err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Errorf("X-Api-Key and x_api_key as two key parts: %v, want given twice", err)
+	}
+}
+
+// TestParseWarnsOfRulesThatWorkOnlyInSomeSetups: a rule that is valid but
+// does nothing behind the usual proxies parses, with a warning naming the
+// rule and the field and saying what to use instead.
+func TestParseWarnsOfRulesThatWorkOnlyInSomeSetups(t *testing.T) {
+	tests := []struct {
+		src  string
+		want []string // nil: no warning
+	}{
+		{"name=h key=header:Host limit=1/1m", []string{`rule 1 "h": key "header:Host": `, "nginx", "key=host"}},
+		{"name=a limit=1/1m; name=h key=ip+header:host limit=1/1m", []string{`rule 2 "h": key "ip+header:host": `, "key=host"}},
+		{"name=c limit=100/1m cost=header:Content-Length", []string{`rule 1 "c": cost "header:Content-Length": `, "nginx", "X-Original-Content-Length"}},
+		{"name=c limit=100/1m cost=header:content_length", []string{`cost "header:content_length": `, "X-Original-Content-Length"}},
+		{"name=ok key=host+header:X-Api-Key limit=100/1m cost=header:X-Original-Content-Length on_missing=deny path=~^/a(?-i:/b)$", nil},
+		{"name=ok limit=1/1m path=~^/search[^?]*$", nil},
+	}
+	for _, tc := range tests {
+		rs, err := Parse(tc.src)
+		if err != nil {
+			t.Errorf("Parse(%q): %v", tc.src, err)
+			continue
+		}
+		var ws []string
+		for _, r := range rs {
+			ws = append(ws, r.Warnings()...)
+		}
+		if tc.want == nil {
+			if len(ws) > 0 {
+				t.Errorf("Parse(%q) warns %q, want nothing", tc.src, ws)
+			}
+			continue
+		}
+		if len(ws) != 1 {
+			t.Errorf("Parse(%q) warns %q, want one warning", tc.src, ws)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(ws[0], w) {
+				t.Errorf("Parse(%q) warning %q does not say %q", tc.src, ws[0], w)
 			}
 		}
 	}

@@ -25,15 +25,17 @@ type Request struct {
 // Headers gives a request's headers.
 type Headers interface {
 	// Lookup returns how many times the named header occurs in the
-	// request (names compared without regard to case, every line
-	// counted, an empty one too) and, when it occurs once, its value.
+	// request (names compared without regard to case and with '-' and
+	// '_' alike, every line counted, an empty one too) and, when it
+	// occurs once, its value.
 	// The value is valid until the next call.
 	Lookup(name string) (value []byte, n int)
 }
 
 // CountHeader counts the lines of a raw header block ("Name: value" lines
 // ending in CRLF or LF, as a request carries them, without its request
-// line) that give the named header, names compared without regard to case.
+// line) that give the named header, names compared without regard to case
+// and with '-' and '_' alike (see sameHeader).
 // A line starting with a space or a tab continues the previous one and is
 // not counted. A server's header API may keep one value of a header it
 // parses itself (fasthttp does for User-Agent, Content-Type, Host and
@@ -47,32 +49,70 @@ func CountHeader(raw []byte, name string) int {
 		} else {
 			raw = nil
 		}
-		if len(line) > len(name) && line[len(name)] == ':' && equalFold(line[:len(name)], name) {
+		if len(line) > len(name) && line[len(name)] == ':' && sameHeader(line[:len(name)], name) {
 			n++
 		}
 	}
 	return n
 }
 
-// equalFold reports whether b and s are equal in ASCII without regard to
-// case.
-func equalFold(b []byte, s string) bool {
+// LookupHeader implements Headers.Lookup for a server that parses headers:
+// raw is the request's raw header block (as CountHeader reads it; empty
+// for a request built in memory), parsed the server's values of the header
+// under name itself. It returns how many times the header occurs, names
+// compared as CountHeader compares them, and, when it occurs once, its
+// value: parsed's, or, for a line under another spelling (X_Api_Key for
+// X-Api-Key), the line's, without the spaces and tabs around it.
+func LookupHeader(raw []byte, name string, parsed [][]byte) ([]byte, int) {
+	n := len(parsed)
+	if len(raw) > 0 {
+		n = max(n, CountHeader(raw, name))
+	}
+	switch {
+	case n != 1:
+		return nil, n
+	case len(parsed) == 1:
+		return parsed[0], 1
+	}
+	for len(raw) > len(name) {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) > len(name) && line[len(name)] == ':' && sameHeader(line[:len(name)], name) {
+			return bytes.Trim(line[len(name)+1:], " \t\r"), 1
+		}
+	}
+	return nil, 1
+}
+
+// sameHeader reports whether b and s name one header: equal in ASCII
+// without regard to case, '-' and '_' alike. CGI-style backends (WSGI,
+// PHP-FPM, Rack) read X-Api-Key and X_Api_Key as one variable,
+// HTTP_X_API_KEY, and proxies that do not drop names with '_' (Caddy,
+// Traefik) forward both.
+func sameHeader(b []byte, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}
 	for i := 0; i < len(b); i++ {
-		x, y := b[i], s[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
+		if foldHeaderByte(b[i]) != foldHeaderByte(s[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+func foldHeaderByte(c byte) byte {
+	switch {
+	case 'A' <= c && c <= 'Z':
+		return c + 'a' - 'A'
+	case c == '_':
+		return '-'
+	}
+	return c
 }
 
 // maxMethod bounds a method: no real one is longer, and a huge header stays
@@ -117,7 +157,8 @@ var (
 //   - anything that does not start with "/" gets one.
 //
 // A trailing slash stays ("/login/" may differ from "/login" to a backend);
-// path= prefixes match whole segments, so "/login" covers both.
+// path= prefixes match whole segments, so "/login" covers both, and a
+// regular expression is matched against the path with and without it.
 func AppendPath(dst, uri []byte) []byte {
 	if i := bytes.IndexAny(uri, "?#"); i >= 0 {
 		uri = uri[:i]

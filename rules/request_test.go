@@ -242,10 +242,53 @@ func TestCountHeader(t *testing.T) {
 		{"Cookie: a=1\nCookie: b=2\n\n", "Cookie", 2},
 		{"Content-Type: a\r\nContent-Type: b", "Content-Type", 2},
 		{"Content-Typ: a\r\n", "Content-Type", 0},
+		// '-' and '_' are one: CGI-style backends (WSGI, PHP-FPM, Rack)
+		// read both as HTTP_X_API_KEY.
+		{"X_Api_Key: a\r\n\r\n", "X-Api-Key", 1},
+		{"x_api-KEY: a\r\nX-Api-Key: b\r\n\r\n", "X-Api-Key", 2},
+		{"X-Api-Key: a\r\n\r\n", "X_Api_Key", 1},
+		{"X_Api_Key: a\r\nX.Api.Key: b\r\n\r\n", "X-Api-Key", 1},
+		{"XApiKey: a\r\n\r\n", "X-Api-Key", 0},
 	}
 	for _, tc := range tests {
 		if got := CountHeader([]byte(tc.raw), tc.name); got != tc.want {
 			t.Errorf("CountHeader(%q, %q) = %d, want %d", tc.raw, tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestLookupHeader(t *testing.T) {
+	tests := []struct {
+		raw, name string
+		parsed    []string // the server's parsed values of name itself
+		want      string
+		n         int
+	}{
+		{"X-Api-Key: k1\r\n\r\n", "X-Api-Key", []string{"k1"}, "k1", 1},
+		{"X_Api_Key: victim\r\n\r\n", "X-Api-Key", nil, "victim", 1},
+		{"x_API_key:\t victim \t\r\n\r\n", "X-Api-Key", nil, "victim", 1},
+		{"X_Api_Key:\r\n\r\n", "X-Api-Key", nil, "", 1},
+		{"X_Api_Key: victim", "X-Api-Key", nil, "victim", 1},
+		{"X_Api_Key: victim\nHost: x\n\n", "X-Api-Key", nil, "victim", 1},
+		{"X_Api_Key: victim\r\nX-Api-Key: r1\r\n\r\n", "X-Api-Key", []string{"r1"}, "", 2},
+		{"X-Api-Key: a\r\nX-Api-Key: b\r\n\r\n", "X-Api-Key", []string{"a", "b"}, "", 2},
+		{"Host: x\r\n\r\n", "X-Api-Key", nil, "", 0},
+		// Without a raw block (a request built in memory), the parsed
+		// values alone.
+		{"", "X-Api-Key", []string{"k1"}, "k1", 1},
+		{"", "X-Api-Key", []string{"a", "b"}, "", 2},
+		{"", "X-Api-Key", nil, "", 0},
+		// A header the server keeps one value of, sent twice.
+		{"User-Agent: a\r\nUser-Agent: b\r\n\r\n", "User-Agent", []string{"b"}, "", 2},
+	}
+	for _, tc := range tests {
+		var parsed [][]byte
+		for _, v := range tc.parsed {
+			parsed = append(parsed, []byte(v))
+		}
+		v, n := LookupHeader([]byte(tc.raw), tc.name, parsed)
+		if n != tc.n || n == 1 && string(v) != tc.want {
+			t.Errorf("LookupHeader(%q, %q, %q) = %q, %d; want %q, %d", tc.raw, tc.name, tc.parsed, v, n, tc.want, tc.n)
 		}
 	}
 }

@@ -31,7 +31,8 @@ type Rule struct {
 	// rule applies to; empty means any. All are matched as request.go
 	// normalizes requests: methods in upper case, hosts in lower case
 	// without port or trailing dot, paths in lower case without path
-	// parameters.
+	// parameters. PathRegexp also matches a path whose trailing slash it
+	// would match without.
 	Methods    []string
 	Host       string // exact, or "*.example.com" for any subdomain
 	PathPrefix string
@@ -47,7 +48,8 @@ type Rule struct {
 	// Shadow rules are decided and counted but never deny.
 	Shadow bool
 
-	host       []byte // Host without "*."
+	warnings   []string // see Warnings
+	host       []byte   // Host without "*."
 	wildcard   bool
 	pathPrefix []byte
 	methods    [][]byte
@@ -96,17 +98,8 @@ func (p Part) String() string {
 
 // Match reports whether the rule applies to q.
 func (r *Rule) Match(q *Request) bool {
-	if len(r.methods) > 0 {
-		found := false
-		for _, m := range r.methods {
-			if bytes.Equal(m, q.Method) {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return false
-		}
+	if len(r.methods) > 0 && !r.matchMethod(q) {
+		return false
 	}
 	if r.host != nil {
 		if r.wildcard {
@@ -121,10 +114,89 @@ func (r *Rule) Match(q *Request) bool {
 	if r.pathPrefix != nil && !pathHasPrefix(q.Path, r.pathPrefix) {
 		return false
 	}
-	if r.PathRegexp != nil && !r.PathRegexp.Match(q.Path) {
+	if r.PathRegexp != nil && !matchPath(r.PathRegexp, q.Path) {
 		return false
 	}
 	return true
+}
+
+// matchPath matches a regular expression against the path, and against the
+// path without its trailing slash: backends (Express, Rails, ASP.NET Core,
+// Spring) route "/upload/" and "/upload" to one handler, so
+// "^/upload$" must cover both, as path= prefixes do.
+func matchPath(re *regexp.Regexp, path []byte) bool {
+	if re.Match(path) {
+		return true
+	}
+	n := len(path)
+	return n > 1 && path[n-1] == '/' && re.Match(path[:n-1])
+}
+
+// methodOverrideHeaders name the method a POST stands for in backends that
+// honour them (Express's method-override, Rack::MethodOverride, ASP.NET
+// Core's HttpMethodOverride, Google's APIs). On a POST, a rule for the
+// method one of them names applies too.
+var methodOverrideHeaders = [...]string{"X-HTTP-Method-Override", "X-Method-Override", "X-HTTP-Method"}
+
+var (
+	methodGET  = []byte("GET")
+	methodHEAD = []byte("HEAD")
+	methodPOST = []byte("POST")
+)
+
+// matchMethod reports whether the rule applies to q's method, or to the
+// method a backend would route q by: a rule for GET applies to HEAD, which
+// backends (and nginx's limit_except) answer as a GET; a POST is also the
+// method its override headers name. A request repeating an override
+// header falls under every method, since backends differ in the copy
+// they read. Limiting a request under more rules than its backend routes
+// it by costs the client some quota; fewer would let it dodge a rule.
+func (r *Rule) matchMethod(q *Request) bool {
+	if r.hasMethod(q.Method) {
+		return true
+	}
+	if !bytes.Equal(q.Method, methodPOST) || q.Header == nil {
+		return false
+	}
+	for _, name := range methodOverrideHeaders {
+		v, n := q.Header.Lookup(name)
+		if n > 1 {
+			return true
+		}
+		for len(v) > 0 {
+			item := v
+			if i := bytes.IndexByte(v, ','); i >= 0 {
+				item, v = v[:i], v[i+1:]
+			} else {
+				v = nil
+			}
+			if r.hasMethodFold(bytes.TrimSpace(item)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hasMethod reports whether the rule lists m, an upper-case method, or GET
+// when m is HEAD.
+func (r *Rule) hasMethod(m []byte) bool {
+	head := bytes.Equal(m, methodHEAD)
+	for _, rm := range r.methods {
+		if bytes.Equal(rm, m) || head && bytes.Equal(rm, methodGET) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasMethodFold is hasMethod for a method in any case.
+func (r *Rule) hasMethodFold(m []byte) bool {
+	if len(m) == 0 || len(m) > maxMethod {
+		return false
+	}
+	var buf [maxMethod]byte
+	return r.hasMethod(AppendMethod(buf[:0], m))
 }
 
 // pathHasPrefix matches whole segments: "/login" covers "/login" and

@@ -42,6 +42,8 @@ func mustParse(t *testing.T, src string) []*Rule {
 func TestMatchWhereBackendsRoute(t *testing.T) {
 	login := mustParse(t, "name=login limit=2/1m path=/login method=POST")[0]
 	regex := mustParse(t, "name=up limit=2/1m path=~^/upload/[0-9]+$")[0]
+	slash := mustParse(t, "name=s limit=2/1m path=~^/a/$")[0]
+	root := mustParse(t, "name=r limit=2/1m path=~^/$")[0]
 	host := mustParse(t, "name=h limit=2/1m host=api.example.com")[0]
 	wild := mustParse(t, "name=w limit=2/1m host=*.example.com")[0]
 	tests := []struct {
@@ -64,6 +66,15 @@ func TestMatchWhereBackendsRoute(t *testing.T) {
 		{regex, "GET", "/UPLOAD/42", "", true},
 		{regex, "GET", "/upload/42;x", "", true},
 		{regex, "GET", "/upload/x", "", false},
+		{regex, "GET", "/upload/42/", "", true},
+		{regex, "GET", "/upload/42/.", "", true},
+		{regex, "GET", "/Upload/42//", "", true},
+		{regex, "GET", "/upload/42/x", "", false},
+		{slash, "GET", "/a/", "", true},
+		{slash, "GET", "/a", "", false},
+		{root, "GET", "/", "", true},
+		{root, "GET", "//", "", true},
+		{root, "GET", "/x/", "", false},
 		{host, "GET", "/", "API.example.com:8443", true},
 		{host, "GET", "/", "api.example.com.", true},
 		{host, "GET", "/", "api.example.com, other", true},
@@ -141,6 +152,52 @@ func TestCost(t *testing.T) {
 		got, status := tc.rule.Cost(request("GET", "/", "", tc.h))
 		if got != tc.want || status != tc.status {
 			t.Errorf("%s.Cost(%q) = %d, %v; want %d, %v", tc.rule.Name, tc.h, got, status, tc.want, tc.status)
+		}
+	}
+}
+
+// TestMatchMethod: a rule for GET applies to HEAD, which backends answer
+// with the GET handler; on a POST, a rule for the method a method-override
+// header names applies too, as backends that honour those headers route
+// the request by it.
+func TestMatchMethod(t *testing.T) {
+	rs := mustParse(t, "name=get limit=2/1m method=GET; name=del limit=2/1m method=DELETE,PUT; name=head limit=2/1m method=HEAD; name=post limit=2/1m method=POST")
+	get, del, head, post := rs[0], rs[1], rs[2], rs[3]
+	tests := []struct {
+		rule   *Rule
+		method string
+		h      headers
+		want   bool
+	}{
+		{get, "GET", nil, true},
+		{get, "HEAD", nil, true},
+		{get, "head", nil, true},
+		{get, "POST", nil, false},
+		{head, "GET", nil, false},
+		{head, "HEAD", nil, true},
+		{del, "DELETE", nil, true},
+		{del, "POST", nil, false},
+		{del, "POST", headers{"X-Http-Method-Override": {"DELETE"}}, true},
+		{del, "POST", headers{"X-Method-Override": {"delete"}}, true},
+		{del, "POST", headers{"X-Http-Method": {" PUT "}}, true},
+		{del, "POST", headers{"X-Http-Method-Override": {"PATCH"}}, false},
+		{del, "POST", headers{"X-Http-Method-Override": {"PATCH"}, "X-Http-Method": {"DELETE"}}, true},
+		{del, "POST", headers{"X-Http-Method-Override": {"GET, DELETE"}}, true},
+		{del, "POST", headers{"X-Http-Method-Override": {""}}, false},
+		// A repeated override header: whichever copy a backend reads,
+		// the request falls under the rule.
+		{del, "POST", headers{"X-Http-Method-Override": {"PATCH", "PATCH"}}, true},
+		{get, "POST", headers{"X-Http-Method-Override": {"HEAD"}}, true},
+		{get, "POST", headers{"X-Http-Method-Override": {"GET"}}, true},
+		// The real method's rules still apply.
+		{post, "POST", headers{"X-Http-Method-Override": {"DELETE"}}, true},
+		// Backends honour overrides on POST only.
+		{del, "GET", headers{"X-Http-Method-Override": {"DELETE"}}, false},
+		{del, "PATCH", headers{"X-Http-Method-Override": {"DELETE"}}, false},
+	}
+	for _, tc := range tests {
+		if got := tc.rule.Match(request(tc.method, "/", "", tc.h)); got != tc.want {
+			t.Errorf("%s.Match(%s %v) = %v, want %v", tc.rule.Name, tc.method, tc.h, got, tc.want)
 		}
 	}
 }

@@ -99,6 +99,10 @@ type settings struct {
 	listenNetwork  string
 	listenAddress  string
 	unknownEnvVars []string
+	// warnings are settings that are valid but do nothing in the usual
+	// setups, each naming the variable: -check prints them and the start
+	// logs them.
+	warnings []string
 }
 
 // ConfigError is one configuration mistake: the variable and what is wrong.
@@ -196,6 +200,11 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		}
 	}
 	s.rules = rs
+	for _, r := range rs {
+		for _, w := range r.Warnings() {
+			s.warnings = append(s.warnings, envPrefix+"RULES: "+w)
+		}
+	}
 
 	if len(c.TrustedProxies) == 1 && strings.TrimSpace(c.TrustedProxies[0]) == "none" {
 		s.trusted = nil
@@ -668,6 +677,12 @@ func (s *settings) describe() string {
 	fmt.Fprintf(&b, "  rules%s:\n", suffix)
 	for _, r := range s.rules {
 		fmt.Fprintf(&b, "    %s\n", r)
+	}
+	if len(s.warnings) > 0 {
+		b.WriteString("  warnings:\n")
+		for _, w := range s.warnings {
+			fmt.Fprintf(&b, "    %s\n", w)
+		}
 	}
 	return b.String()
 }

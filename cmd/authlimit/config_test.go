@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -388,5 +389,44 @@ func TestMemoryMaxKeysDefault(t *testing.T) {
 	s, err = loadConfig(map[string]string{"AUTHLIMIT_MEMORY_MAX_KEYS": "1000"})
 	if err != nil || s.MemoryMaxKeys != 1000 {
 		t.Errorf("AUTHLIMIT_MEMORY_MAX_KEYS=1000: %v, %v", s, err)
+	}
+}
+
+// TestCheckRulesThatNeverWork: -check refuses a rule that can never match
+// or never act, naming the variable, the rule and the field, and warns of
+// one that works only behind some proxies, saying what to use instead.
+func TestCheckRulesThatNeverWork(t *testing.T) {
+	for _, tc := range []struct{ rules, want string }{
+		{`name=search limit=1/1m path=~^/search\?q=x`, `AUTHLIMIT_RULES: rule 1 "search": path "~^/search\\?q=x": paths are matched without their query`},
+		{`name=login limit=1/1m path=~(?-i)^/Login$`, `AUTHLIMIT_RULES: rule 1 "login": path "~(?-i)^/Login$": paths are matched in lower case`},
+		{`name=a limit=1/1m; name=m key=ip limit=1/1m on_missing=deny`, `AUTHLIMIT_RULES: rule 2 "m": on_missing "deny": the key "ip" has no header: part`},
+	} {
+		err, said := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": tc.rules})
+		var u usageError
+		if !errors.As(err, &u) || !strings.Contains(said, tc.want) {
+			t.Errorf("-check with %q = %v, want a usage error saying %q:\n%s", tc.rules, err, tc.want, said)
+		}
+	}
+	for _, tc := range []struct{ rules, want string }{
+		{`name=h key=header:Host limit=1/1m`, `AUTHLIMIT_RULES: rule 1 "h": key "header:Host": behind nginx auth_request`},
+		{`name=up limit=1000/1m cost=header:Content-Length`, `AUTHLIMIT_RULES: rule 1 "up": cost "header:Content-Length": nginx clears Content-Length`},
+	} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"-check"}, []string{"AUTHLIMIT_RULES=" + tc.rules}, &out, io.Discard); err != nil {
+			t.Errorf("-check with %q: %v, want success with a warning", tc.rules, err)
+			continue
+		}
+		if !strings.Contains(out.String(), "  warnings:\n    "+tc.want) {
+			t.Errorf("-check with %q does not warn %q:\n%s", tc.rules, tc.want, out.String())
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-check"}, []string{"AUTHLIMIT_RULES=name=h key=host limit=1/1m"}, &out, io.Discard); err != nil || strings.Contains(out.String(), "warnings") {
+		t.Errorf("-check with key=host: %v, want success without warnings:\n%s", err, out.String())
+	}
+	// The start logs the warnings too.
+	app := startApp(t, map[string]string{"AUTHLIMIT_RULES": "name=h key=header:Host limit=1/1m"})
+	if logs := app.logs.String(); !strings.Contains(logs, "configuration warning") || !strings.Contains(logs, `key \"header:Host\": behind nginx`) {
+		t.Errorf("the start does not log the warning:\n%s", logs)
 	}
 }

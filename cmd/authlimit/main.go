@@ -121,6 +121,22 @@ type app struct {
 	// accepted counts the connections the decision listener accepts (see
 	// newListener).
 	accepted prometheus.Counter
+	// stopping is closed when shutdown begins: it ends the holds of shaped
+	// requests (see hold).
+	stopping chan struct{}
+}
+
+// hold holds a shaped request for d, or until shutdown begins. A shaped
+// request has already spent its quota, so a shutdown admits it at once
+// rather than drop it at AUTHLIMIT_SHUTDOWN_TIMEOUT: the backend sees it
+// a little early, the client is not refused what it was granted.
+func (a *app) hold(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-a.stopping:
+	}
 }
 
 // serve answers on l until ctx ends, then shuts down: it stops accepting,
@@ -138,6 +154,9 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	a.log.Info("shutting down", "timeout", timeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	// Shaped requests are admitted now (see hold), their answers saying
+	// Connection: close (see serveHTTP).
+	close(a.stopping)
 	// fasthttp closes the connections idle between two requests itself,
 	// but counts a new one as busy from its accept: one that never sends
 	// a byte would hold the shutdown until its read timeout.
@@ -154,11 +173,14 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 // until it does; one that refuses authlimit's credentials or certificate
 // is a configuration mistake.
 func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
-	a := &app{log: log}
+	a := &app{log: log, stopping: make(chan struct{})}
 	// go-redis logs through a process-wide logger; send it to ours.
 	redis.SetLogger(redisLogger{log})
 	if s.defaultRules {
 		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", rules.Default)
+	}
+	for _, w := range s.warnings {
+		log.Warn("configuration warning", "detail", w)
 	}
 	if s.redisOptions == nil {
 		log.Warn("AUTHLIMIT_REDIS_URL is not set: limits are kept in this instance's memory; replicas do not share them")
@@ -261,6 +283,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		URLHeader:    s.URLHeader,
 		Registry:     reg,
 		Logger:       log,
+		Sleep:        a.hold,
 	})
 	if err != nil {
 		a.close()
@@ -268,7 +291,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	}
 	a.handler = h
 	a.server = &fasthttp.Server{
-		Handler:               h.Serve,
+		Handler:               a.serveHTTP,
 		Name:                  "authlimit",
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
@@ -281,6 +304,17 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		Logger:          fasthttpLogger{log},
 	}
 	return a, nil
+}
+
+// serveHTTP serves a request with the handler; once shutdown has begun,
+// the answer closes its connection.
+func (a *app) serveHTTP(ctx *fasthttp.RequestCtx) {
+	a.handler.Serve(ctx)
+	select {
+	case <-a.stopping:
+		ctx.SetConnectionClose()
+	default:
+	}
 }
 
 // refused reports whether Redis answered, but refused authlimit: wrong

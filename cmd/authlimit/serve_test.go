@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // connsIn counts the listener's connections in a state.
@@ -295,5 +297,81 @@ func TestConnectionsAcceptedCounted(t *testing.T) {
 	}
 	if got := metric(t, app, `authlimit_requests_total{result="denied"}`); got != 12 {
 		t.Errorf(`authlimit_requests_total{result="denied"} = %v, want 12`, got)
+	}
+}
+
+// TestShutdownAdmitsShapedRequestsAtOnce: requests held by delay= have
+// spent their quota; a shutdown cuts their wait short and admits them at
+// once (200, Connection: close), well within AUTHLIMIT_SHUTDOWN_TIMEOUT,
+// however long their turn was to come.
+func TestShutdownAdmitsShapedRequestsAtOnce(t *testing.T) {
+	s, err := loadConfig(map[string]string{
+		"AUTHLIMIT_RULES":            "name=smooth key=global limit=1/10s algorithm=leaky_bucket burst=1 delay=1m",
+		"AUTHLIMIT_SHUTDOWN_TIMEOUT": "5s",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := newApp(context.Background(), s, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.close)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newListener(tcp, s.MaxHeaderBytes, a.accepted, serverTimeouts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- a.serve(ctx, l, s.ShutdownTimeout) }()
+
+	send := func() *bufio.Reader {
+		t.Helper()
+		c, err := net.Dial("tcp", tcp.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := io.WriteString(c, authRequest); err != nil {
+			t.Fatal(err)
+		}
+		return bufio.NewReader(c)
+	}
+	first, err := http.ReadResponse(send(), nil)
+	if err != nil || first.StatusCode != 200 {
+		t.Fatalf("first request: %v, %v", first, err)
+	}
+	// The next five wait their turns, 10 s apart: 10 s to 50 s.
+	var held []*bufio.Reader
+	for i := 0; i < 5; i++ {
+		held = append(held, send())
+	}
+	waitFor(t, "five requests held", func() bool {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI("/metrics")
+		a.handler.Serve(&ctx)
+		return strings.Contains(string(ctx.Response.Body()), "authlimit_shaping_delay_seconds_count 5\n")
+	})
+
+	start := time.Now()
+	cancel()
+	for i, r := range held {
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Errorf("held request %d got no answer at shutdown: %v", i+1, err)
+			continue
+		}
+		if resp.StatusCode != 200 || !resp.Close {
+			t.Errorf("held request %d at shutdown: %d, Connection: close %v; want 200 and close", i+1, resp.StatusCode, resp.Close)
+		}
+	}
+	if err := <-served; err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	if d := time.Since(start); d >= s.ShutdownTimeout {
+		t.Errorf("shutdown took %v, the whole AUTHLIMIT_SHUTDOWN_TIMEOUT", d)
 	}
 }
