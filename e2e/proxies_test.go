@@ -45,14 +45,15 @@ func startNginx(lua bool) func(t *testing.T, authlimit, backend, variant string)
 		t.Helper()
 		dir := t.TempDir()
 		addr := freeAddr(t)
-		file := "nginx/example.conf"
+		var site string
 		if lua {
-			file = "nginx/openresty.conf"
+			site = openrestySite(t, dir, authlimit, backend, addr)
+		} else {
+			site = render(t, "nginx/example.conf",
+				"server authlimit:8080;", "server "+authlimit+";",
+				"server backend:80;", "server "+backend+";",
+				"listen 8080;", "listen "+addr+";")
 		}
-		site := render(t, file,
-			"server authlimit:8080;", "server "+authlimit+";",
-			"server backend:80;", "server "+backend+";",
-			"listen 8080;", "listen "+addr+";")
 		switch {
 		case variant == "failopen" && lua:
 			site = render2(t, site, "set $authlimit_unreachable closed;", "set $authlimit_unreachable open;")
@@ -69,6 +70,19 @@ func startNginx(lua bool) func(t *testing.T, authlimit, backend, variant string)
 		runNginx(t, name, dir, addr, site, lua)
 		return addr
 	}
+}
+
+// openrestySite renders nginx/openresty.conf for authlimit, backend and
+// addr, with nginx/authlimit.lua copied into dir, where lua_package_path
+// then points, as a user copies both files.
+func openrestySite(t *testing.T, dir, authlimit, backend, addr string) string {
+	t.Helper()
+	writeFile(t, filepath.Join(dir, "authlimit.lua"), string(readRepo(t, "nginx/authlimit.lua")))
+	return render(t, "nginx/openresty.conf",
+		`lua_package_path "/etc/nginx/lua/?.lua;;";`, `lua_package_path "`+dir+`/?.lua;;";`,
+		`address = "authlimit:8080",`, `address = "`+authlimit+`",`,
+		"server backend:80;", "server "+backend+";",
+		"listen 8080;", "listen "+addr+";")
 }
 
 // runNginx starts nginx in dir with site included in a minimal nginx.conf,
