@@ -90,6 +90,15 @@ func openrestySite(t *testing.T, dir, authlimit, backend, addr string) string {
 // waits until addr answers.
 func runNginx(t *testing.T, name, dir, addr, site string, lua bool) {
 	t.Helper()
+	conf := writeNginxConf(t, dir, site, lua)
+	p := start(t, name, bins.nginx, []string{"-p", dir, "-e", filepath.Join(dir, "startup.log"), "-c", conf}, nil, dir)
+	waitProxy(t, p, addr, filepath.Join(dir, "error.log"))
+}
+
+// writeNginxConf writes site and a minimal nginx.conf including it into
+// dir and returns the nginx.conf's path.
+func writeNginxConf(t *testing.T, dir, site string, lua bool) string {
+	t.Helper()
 	writeFile(t, filepath.Join(dir, "site.conf"), site)
 	var main strings.Builder
 	if os.Geteuid() == 0 {
@@ -114,9 +123,9 @@ http {
     include %[1]s/site.conf;
 }
 `, dir)
-	writeFile(t, filepath.Join(dir, "nginx.conf"), main.String())
-	p := start(t, name, bins.nginx, []string{"-p", dir, "-e", filepath.Join(dir, "startup.log"), "-c", filepath.Join(dir, "nginx.conf")}, nil, dir)
-	waitProxy(t, p, addr, filepath.Join(dir, "error.log"))
+	conf := filepath.Join(dir, "nginx.conf")
+	writeFile(t, conf, main.String())
+	return conf
 }
 
 func render2(t *testing.T, s, old, new string) string {
