@@ -295,6 +295,7 @@ func TestOpenRestyAnswers(t *testing.T) {
 
 		{"/not-http", rawThenClose("SSH-2.0-OpenSSH\r\n\r\n"), 0, ""},
 		{"/bad-status", raw("HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n"), 0, ""},
+		{"/status-4-digits", raw("HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n"), 0, ""},
 		{"/http2", raw("HTTP/2 200 OK\r\nContent-Length: 0\r\n\r\n"), 0, ""},
 		{"/continue", raw("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"), 0, ""},
 		{"/status-600", raw("HTTP/1.1 600 What\r\nContent-Length: 0\r\n\r\n"), 0, ""},
@@ -450,5 +451,32 @@ func TestOpenRestyConfigErrors(t *testing.T) {
 	conf := writeNginxConf(t, dir, openrestySite(t, dir, "127.0.0.1:1", "127.0.0.1:2", freeAddr(t)), true)
 	if out, err := exec.Command(bins.nginx, "-t", "-p", dir, "-e", dir+"/startup.log", "-c", conf).CombinedOutput(); err != nil {
 		t.Errorf("nginx -t rejects the shipped openresty.conf: %v\n%s", err, out)
+	}
+}
+
+// TestOpenRestyUntokenHeaderName: with ignore_invalid_headers off, nginx
+// passes a header name that is not an HTTP token to Lua; authlimit.lua
+// refuses the request (400) rather than write it to authlimit.
+func TestOpenRestyUntokenHeaderName(t *testing.T) {
+	auth := startScriptedAuth(t, nil)
+	b := startBackend(t)
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	site := openrestySite(t, dir, auth.addr, b.addr, addr)
+	site = render2(t, site, "    listen "+addr+";", "    listen "+addr+";\n    ignore_invalid_headers off;")
+	runNginx(t, "openresty", dir, addr, site, true)
+
+	if r := rawDo(t, "127.0.3.3", addr, rawRequest("GET /token HTTP/1.1", "", "Host", "localhost", "X-Api-Key", "k")); r.status != 200 {
+		t.Fatalf("GET /token with token names: %d, want 200", r.status)
+	}
+	r := rawDo(t, "127.0.3.3", addr, rawRequest("GET /untoken HTTP/1.1", "", "Host", "localhost", "X-Api{Key}", "k"))
+	if r.status != 400 {
+		t.Errorf("GET /untoken with the header name X-Api{Key}: %d %q, want 400", r.status, firstLine(r.body))
+	}
+	if n := auth.count("/untoken"); n != 0 {
+		t.Errorf("authlimit got %d requests with an untoken header name, want 0", n)
+	}
+	if got := b.count("/untoken"); got != 0 {
+		t.Errorf("%d requests with an untoken header name reached the backend", got)
 	}
 }

@@ -89,8 +89,12 @@
 --   authlimit unreachable,   503 (nginx's page), or the request goes on
 --   timed out, or a bad      with unreachable = "open"; the error log says
 --   answer                   why ("authlimit unreachable: ...")
---   a request header value   400: it could not be passed on whole
---   with CR or LF
+--   a request header with    400: it could not be passed on whole
+--   CR or LF in its value, or
+--   a name that is not an
+--   HTTP token (possible only
+--   with ignore_invalid_headers
+--   off)
 --
 -- A bad answer is one that is not HTTP/1.x with a status from 200 to 599;
 -- has a header line without a colon, a folded line, more than 100 header
@@ -274,6 +278,11 @@ local function build(c)
     -- repeat past it would go unseen).
     local headers = ngx.req.get_headers(0)
     for name, value in pairs(headers) do
+        -- nginx takes only token names unless ignore_invalid_headers is
+        -- off; anything else could not be passed on as it came.
+        if find(name, "[^%w!#$%%&'*+.^_`|~-]") then
+            return nil
+        end
         if not dropped[name] then
             if type(value) == "table" then
                 for _, v in ipairs(value) do
@@ -383,9 +392,9 @@ local function read_answer(sock, c)
     if not line then
         return nil, "status line: " .. err, err == "closed" or err == "connection reset by peer"
     end
-    local minor, status = line:match("^HTTP/1%.([01]) (%d%d%d)")
+    local minor, status, rest = line:match("^HTTP/1%.([01]) (%d%d%d)(.*)$")
     status = tonumber(status)
-    if not status or #line > max_line then
+    if not status or (rest ~= "" and byte(rest, 1) ~= 32) or #line > max_line then
         return nil, "status line " .. line:sub(1, 40) .. " is not HTTP/1.x"
     end
     if status < 200 or status > 599 then
@@ -508,9 +517,9 @@ local function ask(c, req)
         else
             local status, headers, body, keep = read_answer(sock, c)
             if status then
-                if keep then
-                    sock:setkeepalive(c.pool_idle_timeout)
-                else
+                -- setkeepalive refuses a connection with bytes left
+                -- unread: close it then.
+                if not keep or not sock:setkeepalive(c.pool_idle_timeout) then
                     sock:close()
                 end
                 return status, headers, body
