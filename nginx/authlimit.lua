@@ -49,9 +49,10 @@
 --                    and closed after use.
 --   unreachable      "closed" (default): a client gets 503 when authlimit
 --                    cannot be reached or answers badly; "open": the request
---                    goes on, unlimited. An nginx variable
---                    $authlimit_unreachable set in the location ("closed" or
---                    "open") overrides it there.
+--                    goes on, unlimited. The nginx variable
+--                    $authlimit_unreachable, set to "closed" or "open" in a
+--                    server or location, overrides it there (any other
+--                    value leaves this option in force).
 --   max_body         largest answer body read, bytes. Default 65536.
 --
 -- What authlimit gets, as nginx/example.conf's subrequest sends it, nginx
@@ -243,16 +244,6 @@ function _M.configure(opts)
         error(err, 2)
     end
     config = c
-end
-
--- check validates opts as configure does, without applying them: it
--- returns true, or nil and the problems.
-function _M.check(opts)
-    local c, err = validate(opts)
-    if not c then
-        return nil, err
-    end
-    return true
 end
 
 -- build returns the request to authlimit as a table of strings, or nil if a
