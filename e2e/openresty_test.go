@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,7 +42,13 @@ func startScriptedAuth(t *testing.T, answers map[string]func(c net.Conn) bool) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &scriptedAuth{addr: l.Addr().String(), answers: answers, served: map[net.Conn]int{}}
+	return serveScriptedAuth(t, l, l.Addr().String(), answers)
+}
+
+// serveScriptedAuth serves answers on l, which addr names.
+func serveScriptedAuth(t *testing.T, l net.Listener, addr string, answers map[string]func(c net.Conn) bool) *scriptedAuth {
+	t.Helper()
+	s := &scriptedAuth{addr: addr, answers: answers, served: map[net.Conn]int{}}
 	var wg sync.WaitGroup
 	var open sync.Map
 	t.Cleanup(func() {
@@ -479,4 +486,98 @@ func TestOpenRestyUntokenHeaderName(t *testing.T) {
 	if got := b.count("/untoken"); got != 0 {
 		t.Errorf("%d requests with an untoken header name reached the backend", got)
 	}
+}
+
+// TestOpenRestyUnixSocket: authlimit.lua reaches authlimit on a unix:
+// address, with Host localhost.
+func TestOpenRestyUnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "authlimit.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deny := "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/problem+json\r\nRetry-After: 7\r\nContent-Length: " + strconv.Itoa(len(denialBody)) + "\r\n\r\n" + denialBody
+	auth := serveScriptedAuth(t, l, "unix:"+sock, map[string]func(net.Conn) bool{"/denied": raw(deny)})
+	addr, b := startOpenResty(t, auth.addr, "closed", 65000)
+	c := newClient("127.0.3.4")
+	if r := c.do(t, "GET", "http://"+addr+"/allowed", nil); r.status != 200 || b.count("/allowed") != 1 {
+		t.Errorf("GET /allowed over a unix socket: %d, want the backend's 200", r.status)
+	}
+	if r := c.do(t, "GET", "http://"+addr+"/denied", nil); r.status != 429 || r.body != denialBody {
+		t.Errorf("GET /denied over a unix socket: %d %q, want the relayed 429", r.status, r.body)
+	}
+	if got := auth.last(t, "/allowed"); got.Host != "localhost" {
+		t.Errorf("Host %q over a unix socket, want localhost", got.Host)
+	}
+}
+
+// TestOpenRestyBacklog: with pool_size 1 and backlog 0, a worker opens one
+// connection to authlimit at most; a request that finds it busy fails as
+// unreachable at once (503), and the next one, once it is free, passes.
+func TestOpenRestyBacklog(t *testing.T) {
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
+	auth := startScriptedAuth(t, map[string]func(net.Conn) bool{
+		"/held": func(c net.Conn) bool {
+			held <- struct{}{}
+			<-release
+			return raw("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")(c)
+		},
+	})
+	b := startBackend(t)
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	site := render2(t, openrestySite(t, dir, auth.addr, b.addr, addr), "pool_size = 256,", "pool_size = 1, backlog = 0,")
+	runNginx(t, "openresty", dir, addr, site, true)
+	c := newClient("127.0.3.5")
+	// waitProxy's probe left the one connection idle in the pool.
+	done := make(chan result, 1)
+	go func() {
+		r, err := rawTry("127.0.3.5", addr, rawRequest("GET /held HTTP/1.1", "", "Host", "localhost"))
+		if err != nil {
+			t.Errorf("GET /held: %v", err)
+		}
+		done <- r
+	}()
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		close(release)
+		t.Fatal("GET /held never reached the auth server")
+	}
+	if r := c.do(t, "GET", "http://"+addr+"/busy", nil); r.status != 503 {
+		t.Errorf("GET /busy while the only connection is busy: %d %q, want 503", r.status, firstLine(r.body))
+	}
+	close(release)
+	if r := <-done; r.status != 200 {
+		t.Errorf("GET /held: %d, want 200", r.status)
+	}
+	if r := c.do(t, "GET", "http://"+addr+"/free", nil); r.status != 200 {
+		t.Errorf("GET /free once the connection is free: %d, want 200", r.status)
+	}
+	if n := auth.connections(); n != 1 {
+		t.Errorf("%d connections with pool_size 1, want 1", n)
+	}
+}
+
+// rawTry is rawDo that reports errors instead of failing the test, for use
+// off the test's goroutine.
+func rawTry(ip, addr, req string) (result, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
+	conn, err := d.Dial("tcp", addr)
+	if err != nil {
+		return result{}, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		return result{}, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return result{}, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return result{status: resp.StatusCode, header: resp.Header, body: string(body)}, nil
 }
