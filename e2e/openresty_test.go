@@ -581,3 +581,20 @@ func rawTry(ip, addr, req string) (result, error) {
 	body, _ := io.ReadAll(resp.Body)
 	return result{status: resp.StatusCode, header: resp.Header, body: string(body)}, nil
 }
+
+// TestOpenRestyIPv6: authlimit.lua reaches authlimit on an IPv6 address in
+// brackets.
+func TestOpenRestyIPv6(t *testing.T) {
+	l, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	auth := serveScriptedAuth(t, l, l.Addr().String(), nil)
+	addr, b := startOpenResty(t, auth.addr, "closed", 65000)
+	if r := newClient("127.0.3.6").do(t, "GET", "http://"+addr+"/v6", nil); r.status != 200 || b.count("/v6") != 1 {
+		t.Errorf("GET /v6 with authlimit on %s: %d, want the backend's 200", auth.addr, r.status)
+	}
+	if got := auth.last(t, "/v6"); got.Host != "[::1]" {
+		t.Errorf("Host %q, want [::1]", got.Host)
+	}
+}

@@ -200,8 +200,12 @@ local function validate(opts)
         if not host or port < 1 or port > 65535 then
             problems[#problems + 1] = "address " .. c.address .. " is not host:port (port 1-65535) or unix:/path"
         else
+            -- An IPv6 address stays in brackets, as connect takes it.
+            if c.address:match("^%[") then
+                host = "[" .. host .. "]"
+            end
             c.host, c.port = host, port
-            c.host_header = c.host_header or (c.address:match("^%[") and "[" .. host .. "]" or host)
+            c.host_header = c.host_header or host
         end
     end
     if c.host_header and find(c.host_header, "[%c ]") then
