@@ -225,28 +225,53 @@ func startOpenRestyAuthlimit(ctx context.Context, e *runEnv) (*instance, error) 
 	if err != nil {
 		return nil, err
 	}
+	in, err := startOpenResty(ctx, e, al, alAddr)
+	if err != nil {
+		return nil, fmt.Errorf("openresty-authlimit-redis: %w", err)
+	}
+	in.metrics = []string{"http://" + alAddr + "/metrics"}
+	return in, nil
+}
+
+// startOpenRestyAuthNull is openresty-authlimit-redis with the null server
+// in authlimit's place: what the Lua module's hop costs by itself.
+func startOpenRestyAuthNull(ctx context.Context, e *runEnv) (*instance, error) {
+	p, addr, err := startNullServer(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	in, err := startOpenResty(ctx, e, p, addr)
+	if err != nil {
+		return nil, fmt.Errorf("openresty-auth-null: %w", err)
+	}
+	return in, nil
+}
+
+// startOpenResty starts nginx with the shipped OpenResty configuration in
+// front of the auth server auth, listening on authAddr. It stops auth if
+// nginx does not start.
+func startOpenResty(ctx context.Context, e *runEnv, auth *proc, authAddr string) (*instance, error) {
 	addr, err1 := freeAddr()
 	backend, err2 := freeAddr()
 	conf, err3 := os.ReadFile(e.o.restyConf)
 	lua, err4 := os.ReadFile(e.o.restyLua)
 	if err := firstError(err1, err2, err3, err4); err != nil {
-		al.stop()
+		auth.stop()
 		return nil, err
 	}
-	site, err := renderOpenResty(string(conf), e.dir, alAddr, backend, addr)
+	site, err := renderOpenResty(string(conf), e.dir, authAddr, backend, addr)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(e.dir, "authlimit.lua"), lua, 0o644)
 	}
 	if err != nil {
-		al.stop()
-		return nil, fmt.Errorf("openresty-authlimit-redis: %w", err)
+		auth.stop()
+		return nil, err
 	}
-	in, err := startNginx(ctx, e, addr, site, true, al)
+	in, err := startNginx(ctx, e, addr, site, true, auth)
 	if err != nil {
-		al.stop()
-		return nil, fmt.Errorf("openresty-authlimit-redis: %w", err)
+		auth.stop()
+		return nil, err
 	}
-	in.metrics = []string{"http://" + alAddr + "/metrics"}
 	return in, nil
 }
 

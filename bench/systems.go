@@ -20,7 +20,7 @@ func systemNames() []string {
 	return []string{
 		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3", "authlimit-cluster-1",
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
-		"openresty-authlimit-redis",
+		"openresty-auth-null", "openresty-authlimit-redis",
 	}
 }
 
@@ -107,6 +107,7 @@ func catalogue() []system {
 		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: "/", start: startNginxLuaRedis},
 		{name: "nginx-auth-null", about: "nginx with the shipped nginx/example.conf, as nginx-authlimit-redis, but the null server in authlimit's place (200 to every subrequest): the auth_request hop alone, the ceiling of any auth server behind it", nginx: true, path: "/", start: startNginxAuthNull},
 		{name: "nginx-authlimit-redis", about: "nginx with the shipped nginx/example.conf: auth_request → authlimit (AUTHLIMIT_DENY_STATUS=403) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, usesRedis: true, path: "/", start: startNginxAuthlimit},
+		{name: "openresty-auth-null", about: "OpenResty with the shipped nginx/openresty.conf and nginx/authlimit.lua, as openresty-authlimit-redis, but the null server in authlimit's place: the Lua module's hop alone, the ceiling of any auth server behind it", nginx: true, lua: true, path: "/", start: startOpenRestyAuthNull},
 		{name: "openresty-authlimit-redis", about: "OpenResty (nginx + Lua module) with the shipped nginx/openresty.conf and nginx/authlimit.lua: access_by_lua asks authlimit over pooled cosocket connections (no subrequest) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, lua: true, usesRedis: true, path: "/", start: startOpenRestyAuthlimit},
 	}
 }
