@@ -33,7 +33,6 @@ type scriptedAuth struct {
 	mu      sync.Mutex
 	reqs    []*http.Request
 	conns   int
-	served  map[net.Conn]int // requests answered per connection
 }
 
 func startScriptedAuth(t *testing.T, answers map[string]func(c net.Conn) bool) *scriptedAuth {
@@ -48,7 +47,7 @@ func startScriptedAuth(t *testing.T, answers map[string]func(c net.Conn) bool) *
 // serveScriptedAuth serves answers on l, which addr names.
 func serveScriptedAuth(t *testing.T, l net.Listener, addr string, answers map[string]func(c net.Conn) bool) *scriptedAuth {
 	t.Helper()
-	s := &scriptedAuth{addr: addr, answers: answers, served: map[net.Conn]int{}}
+	s := &scriptedAuth{addr: addr, answers: answers}
 	var wg sync.WaitGroup
 	var open sync.Map
 	t.Cleanup(func() {
@@ -90,7 +89,6 @@ func (s *scriptedAuth) serve(c net.Conn) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		s.mu.Lock()
 		s.reqs = append(s.reqs, r)
-		s.served[c]++
 		s.mu.Unlock()
 		path, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Uri"), "?")
 		answer := s.answers[path]
