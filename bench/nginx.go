@@ -1,7 +1,8 @@
 package main
 
-// This file runs nginx, in the four set-ups compared: alone, with limit_req,
-// with Lua talking to Redis, and with the shipped auth_request config in
+// This file runs nginx, in the set-ups compared: alone, with limit_req,
+// with Lua talking to Redis, with the shipped auth_request config in front
+// of authlimit, and with the shipped OpenResty config and Lua module in
 // front of authlimit.
 
 import (
@@ -212,6 +213,81 @@ func startNginxAuth(ctx context.Context, e *runEnv, auth *proc, authAddr string)
 		return nil, err
 	}
 	return in, nil
+}
+
+// startOpenRestyAuthlimit renders nginx/openresty.conf as
+// e2e/proxies_test.go does, with nginx/authlimit.lua copied into the run's
+// directory, in front of authlimit (its default 429). As for
+// nginx-authlimit-redis, the protected location serves the static file
+// itself.
+func startOpenRestyAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
+	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false))
+	if err != nil {
+		return nil, err
+	}
+	in, err := startOpenResty(ctx, e, al, alAddr)
+	if err != nil {
+		return nil, fmt.Errorf("openresty-authlimit-redis: %w", err)
+	}
+	in.metrics = []string{"http://" + alAddr + "/metrics"}
+	return in, nil
+}
+
+// startOpenRestyAuthNull is openresty-authlimit-redis with the null server
+// in authlimit's place: what the Lua module's hop costs by itself.
+func startOpenRestyAuthNull(ctx context.Context, e *runEnv) (*instance, error) {
+	p, addr, err := startNullServer(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	in, err := startOpenResty(ctx, e, p, addr)
+	if err != nil {
+		return nil, fmt.Errorf("openresty-auth-null: %w", err)
+	}
+	return in, nil
+}
+
+// startOpenResty starts nginx with the shipped OpenResty configuration in
+// front of the auth server auth, listening on authAddr. It stops auth if
+// nginx does not start.
+func startOpenResty(ctx context.Context, e *runEnv, auth *proc, authAddr string) (*instance, error) {
+	addr, err1 := freeAddr()
+	backend, err2 := freeAddr()
+	conf, err3 := os.ReadFile(e.o.restyConf)
+	lua, err4 := os.ReadFile(e.o.restyLua)
+	if err := firstError(err1, err2, err3, err4); err != nil {
+		auth.stop()
+		return nil, err
+	}
+	site, err := renderOpenResty(string(conf), e.dir, authAddr, backend, addr)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(e.dir, "authlimit.lua"), lua, 0o644)
+	}
+	if err != nil {
+		auth.stop()
+		return nil, err
+	}
+	in, err := startNginx(ctx, e, addr, site, true, auth)
+	if err != nil {
+		auth.stop()
+		return nil, err
+	}
+	return in, nil
+}
+
+// renderOpenResty renders nginx/openresty.conf: authlimit.lua from dir,
+// authlimit on authAddr, the static file served in place of the backend.
+func renderOpenResty(conf, dir, authAddr, backend, addr string) (string, error) {
+	site, err := render(conf,
+		`lua_package_path "/etc/nginx/lua/?.lua;;";`, `lua_package_path "`+dir+`/?.lua;;";`,
+		`address = "authlimit:8080",`, `address = "`+authAddr+`",`,
+		"server backend:80;", "server "+backend+";",
+		"listen 8080;", "listen "+addr+";",
+		"        proxy_pass http://backend;\n        proxy_set_header Host $host;\n", "        root "+dir+"/html;\n        proxy_set_header Host $host;\n")
+	if err != nil {
+		return "", fmt.Errorf("render nginx/openresty.conf: %w", err)
+	}
+	return site, nil
 }
 
 // render replaces each old string, which must occur exactly once, so that

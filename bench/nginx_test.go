@@ -1,6 +1,6 @@
 package main
 
-// Tests that the shipped nginx config still renders.
+// Tests that the shipped nginx configs still render.
 
 import (
 	"os"
@@ -27,5 +27,22 @@ func TestRenderExampleConf(t *testing.T) {
 	}
 	if _, err := render("listen 8080; listen 8080;", "listen 8080;", "x"); err == nil {
 		t.Errorf("render of a twice-occurring string succeeded, want an error")
+	}
+}
+
+// TestRenderOpenRestyConf: the same for nginx/openresty.conf.
+func TestRenderOpenRestyConf(t *testing.T) {
+	b, err := os.ReadFile("../nginx/openresty.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	site, err := renderOpenResty(string(b), "/run", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`lua_package_path "/run/?.lua;;";`, `address = "127.0.0.1:1",`, "listen 127.0.0.1:3;", "root /run/html;"} {
+		if !strings.Contains(site, want) {
+			t.Errorf("rendered config lacks %q", want)
+		}
 	}
 }

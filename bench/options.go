@@ -31,6 +31,8 @@ type options struct {
 	nginxConf  string        // the shipped auth_request config
 	haproxy    string        // haproxy binary
 	haproxyCfg string        // the shipped haproxy.cfg, beside authlimit.lua
+	restyConf  string        // the shipped OpenResty config
+	restyLua   string        // the shipped OpenResty Lua module
 	out        string        // the results file
 	memory     bool          // measure Redis memory per key
 	micro      bool          // run the Go micro-benchmarks
@@ -59,6 +61,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.nginxConf, "nginx-conf", "nginx/example.conf", "the shipped nginx auth_request config, for nginx-authlimit-redis and nginx-auth-null")
 	fs.StringVar(&o.haproxy, "haproxy", "haproxy", "haproxy binary, built with Lua (haproxy systems are skipped if it is missing)")
 	fs.StringVar(&o.haproxyCfg, "haproxy-conf", "haproxy/haproxy.cfg", "the shipped haproxy.cfg, with authlimit.lua beside it, for haproxy-authlimit-redis")
+	fs.StringVar(&o.restyConf, "openresty-conf", "nginx/openresty.conf", "the shipped OpenResty config, for openresty-authlimit-redis")
+	fs.StringVar(&o.restyLua, "openresty-lua", "nginx/authlimit.lua", "the shipped OpenResty Lua module, for openresty-authlimit-redis")
 	fs.StringVar(&o.out, "out", "bench/RESULTS.md", "results file, written at the end of a complete run")
 	fs.BoolVar(&o.memory, "memory", true, "measure Redis memory per key for each algorithm")
 	fs.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks (go test -bench)")
@@ -118,7 +122,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	// Processes start in their run's directory: paths must not be
 	// relative to this one.
-	for _, path := range []*string{&o.authlimit, &o.nginx, &o.redis, &o.nginxConf, &o.haproxy, &o.haproxyCfg, &o.goBin} {
+	for _, path := range []*string{&o.authlimit, &o.nginx, &o.redis, &o.nginxConf, &o.restyConf, &o.restyLua, &o.haproxy, &o.haproxyCfg, &o.goBin} {
 		if strings.Contains(*path, "/") {
 			abs, err := filepath.Abs(*path)
 			if err != nil {

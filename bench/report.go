@@ -212,7 +212,7 @@ func (r *report) renderReading(p func(string, ...any)) {
 	p("- **p50, p99, p99.9**: latency seen by the client, from writing the request to reading the last byte of the answer (log-linear histogram, under 2%% bucket error).\n")
 	p("- **errors**: transport errors and statuses other than 200 and the denial, summed over all rounds. **200s, denials**: per run (median).\n")
 	p("- **⚠**: the system had errors, or authlimit's `/metrics` counted store errors (`authlimit_store_errors_total`) or fail-mode decisions (`authlimit_fail_mode_decisions_total`) during a run, warm-up included: then some decisions were made without Redis, and its figures do not measure Redis decisions alone. Both counters must be 0 with a healthy Redis.\n")
-	p("- **server CPU µs/decision**: user + system CPU of the system's server processes (authlimit; nginx's master and worker; HAProxy; both nginx or HAProxy and authlimit (or the null server) for nginx-authlimit-redis, nginx-auth-null and haproxy-authlimit-redis; the null or naive server) from `/proc/<pid>/stat` over the window, per decision. `/proc` counts 10ms ticks.\n")
+	p("- **server CPU µs/decision**: user + system CPU of the system's server processes (authlimit; nginx's master and worker; HAProxy; both nginx or HAProxy and authlimit (or the null server) for nginx-authlimit-redis, nginx-auth-null, openresty-authlimit-redis, openresty-auth-null and haproxy-authlimit-redis; the null or naive server) from `/proc/<pid>/stat` over the window, per decision. `/proc` counts 10ms ticks.\n")
 	p("- **Redis CPU µs/decision (/proc)**: the same for redis-server (summed over a cluster's nodes; so is commandstats).\n")
 	p("- **Redis µs/decision (commandstats)**: the growth of `usec` in `INFO commandstats`, per decision. Redis also counts the commands a script calls, inside the script's own time, so when scripts ran only the script commands (EVAL*, FCALL*) are summed.\n\n")
 }
@@ -282,6 +282,8 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "authlimit-cluster-1 / authlimit-redis-1", num: "authlimit-cluster-1", den: "authlimit-redis-1"},
 		{label: "nginx-authlimit-redis / nginx", num: "nginx-authlimit-redis", den: "nginx"},
 		{label: "nginx-lua-redis / nginx", num: "nginx-lua-redis", den: "nginx"},
+		{label: "openresty-authlimit-redis / nginx-lua-redis", num: "openresty-authlimit-redis", den: "nginx-lua-redis"},
+		{label: "openresty-auth-null / nginx (the Lua module's ceiling)", num: "openresty-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "nginx-auth-null / nginx (auth_request's ceiling)", num: "nginx-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "haproxy-authlimit-redis / haproxy", num: "haproxy-authlimit-redis", den: "haproxy"},
 		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", p99: true, applies: func(w workload) bool { return w.conns == 50 }},

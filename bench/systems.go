@@ -21,6 +21,7 @@ func systemNames() []string {
 		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3", "authlimit-cluster-1",
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
 		"haproxy", "haproxy-authlimit-redis",
+		"openresty-auth-null", "openresty-authlimit-redis",
 	}
 }
 
@@ -110,6 +111,8 @@ func catalogue() []system {
 		{name: "nginx-authlimit-redis", about: "nginx with the shipped nginx/example.conf: auth_request → authlimit (AUTHLIMIT_DENY_STATUS=403) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, usesRedis: true, path: "/", start: startNginxAuthlimit},
 		{name: "haproxy", about: "HAProxy alone (one thread) answering a small body itself (`http-request return`)", haproxy: true, path: "/", start: startHAProxyAlone},
 		{name: "haproxy-authlimit-redis", about: "HAProxy (one thread) with the shipped haproxy/haproxy.cfg and haproxy/authlimit.lua: a Lua action → core.httpclient() → the config's listen section → authlimit → Redis, 1 rule; the frontend answers allowed requests itself, as haproxy alone does", haproxy: true, usesRedis: true, path: "/", start: startHAProxyAuthlimit},
+		{name: "openresty-auth-null", about: "OpenResty with the shipped nginx/openresty.conf and nginx/authlimit.lua, as openresty-authlimit-redis, but the null server in authlimit's place: the Lua module's hop alone, the ceiling of any auth server behind it", nginx: true, lua: true, path: "/", start: startOpenRestyAuthNull},
+		{name: "openresty-authlimit-redis", about: "OpenResty (nginx + Lua module) with the shipped nginx/openresty.conf and nginx/authlimit.lua: access_by_lua asks authlimit over pooled cosocket connections (no subrequest) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, lua: true, usesRedis: true, path: "/", start: startOpenRestyAuthlimit},
 	}
 }
 

@@ -15,7 +15,8 @@ import (
 // a connection whose answer it has not read whole: example.conf sends its
 // subrequests as HEAD (proxy_method HEAD), whose answers have no body;
 // without it every denial (403 with a problem+json body) costs a new
-// connection. OpenResty's ngx.location.capture reads the body itself.
+// connection. nginx/authlimit.lua reads every answer whole and keeps its
+// connection in a pool of its own (setkeepalive).
 func TestNginxReusesConnections(t *testing.T) {
 	const (
 		limit   = 5

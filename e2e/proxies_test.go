@@ -48,14 +48,15 @@ func startNginx(lua bool) func(t *testing.T, authlimit, backend, variant string)
 		t.Helper()
 		dir := t.TempDir()
 		addr := freeAddr(t)
-		file := "nginx/example.conf"
+		var site string
 		if lua {
-			file = "nginx/openresty.conf"
+			site = openrestySite(t, dir, authlimit, backend, addr)
+		} else {
+			site = render(t, "nginx/example.conf",
+				"server authlimit:8080;", "server "+authlimit+";",
+				"server backend:80;", "server "+backend+";",
+				"listen 8080;", "listen "+addr+";")
 		}
-		site := render(t, file,
-			"server authlimit:8080;", "server "+authlimit+";",
-			"server backend:80;", "server "+backend+";",
-			"listen 8080;", "listen "+addr+";")
 		switch {
 		case variant == "failopen" && lua:
 			site = render2(t, site, "set $authlimit_unreachable closed;", "set $authlimit_unreachable open;")
@@ -74,10 +75,32 @@ func startNginx(lua bool) func(t *testing.T, authlimit, backend, variant string)
 	}
 }
 
+// openrestySite renders nginx/openresty.conf for authlimit, backend and
+// addr, with nginx/authlimit.lua copied into dir, where lua_package_path
+// then points, as a user copies both files.
+func openrestySite(t *testing.T, dir, authlimit, backend, addr string) string {
+	t.Helper()
+	writeFile(t, filepath.Join(dir, "authlimit.lua"), string(readRepo(t, "nginx/authlimit.lua")))
+	return render(t, "nginx/openresty.conf",
+		`lua_package_path "/etc/nginx/lua/?.lua;;";`, `lua_package_path "`+dir+`/?.lua;;";`,
+		`address = "authlimit:8080",`, `address = "`+authlimit+`",`,
+		"server backend:80;", "server "+backend+";",
+		"listen 8080;", "listen "+addr+";")
+}
+
 // runNginx starts nginx in dir with site included in a minimal nginx.conf,
 // as a user would include it in theirs (with the Lua module if lua), and
 // waits until addr answers.
 func runNginx(t *testing.T, name, dir, addr, site string, lua bool) {
+	t.Helper()
+	conf := writeNginxConf(t, dir, site, lua)
+	p := start(t, name, bins.nginx, []string{"-p", dir, "-e", filepath.Join(dir, "startup.log"), "-c", conf}, nil, dir)
+	waitProxy(t, p, addr, filepath.Join(dir, "error.log"))
+}
+
+// writeNginxConf writes site and a minimal nginx.conf including it into
+// dir and returns the nginx.conf's path.
+func writeNginxConf(t *testing.T, dir, site string, lua bool) string {
 	t.Helper()
 	writeFile(t, filepath.Join(dir, "site.conf"), site)
 	var main strings.Builder
@@ -103,9 +126,9 @@ http {
     include %[1]s/site.conf;
 }
 `, dir)
-	writeFile(t, filepath.Join(dir, "nginx.conf"), main.String())
-	p := start(t, name, bins.nginx, []string{"-p", dir, "-e", filepath.Join(dir, "startup.log"), "-c", filepath.Join(dir, "nginx.conf")}, nil, dir)
-	waitProxy(t, p, addr, filepath.Join(dir, "error.log"))
+	conf := filepath.Join(dir, "nginx.conf")
+	writeFile(t, conf, main.String())
+	return conf
 }
 
 func render2(t *testing.T, s, old, new string) string {
