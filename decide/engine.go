@@ -308,6 +308,9 @@ func (e *Engine) apply(set *ruleSet, q *rules.Request, o *Outcome) bool {
 func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted bool, now time.Time) {
 	var retry, delay time.Duration
 	costTooHigh := false
+	if !admitted {
+		neverAdmits(o.reqs, res)
+	}
 	for i, r := range res {
 		d := set.metrics[o.rules[i]]
 		shadow := o.reqs[i].Shadow
@@ -335,13 +338,27 @@ func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted b
 		return
 	}
 	e.metrics.denied.Inc()
-	if costTooHigh && retry == 0 {
+	if costTooHigh {
 		o.deny(set, e.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.")
 		return
 	}
 	o.RetryAfter = ceilSeconds(retry, 1)
 	o.addHeader(retryAfter, strconv.AppendInt(o.hbuf, o.RetryAfter, 10))
 	o.deny(set, e.denyStatus, "rate-limited", "Too many requests.")
+}
+
+// neverAdmits marks as cost-too-high every enforcing rule that the request
+// costs more than it ever admits, whatever res says: the deny cache
+// answers for one rule alone and reports the others as allowing. A request
+// that one of them denies is answered cost-too-high, never rate-limited,
+// since no wait admits it.
+func neverAdmits(reqs []algo.Request, res []algo.Result) {
+	for i := range reqs {
+		q := &reqs[i]
+		if !q.Shadow && q.EffectiveCost() > q.Policy.MaxCost() && res[i].Reason != algo.ReasonCostTooHigh {
+			res[i].Allowed, res[i].Reason, res[i].RetryAfter, res[i].Delay = false, algo.ReasonCostTooHigh, 0, 0
+		}
+	}
 }
 
 func contains(ps []netip.Prefix, a netip.Addr) bool {

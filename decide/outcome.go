@@ -196,11 +196,15 @@ func (o *Outcome) setHeaders(set *ruleSet, admitted bool, now time.Time) {
 }
 
 // moreRestrictive orders rules for the headers: on a denial, a denying rule
-// over an allowing one, then the longer wait; otherwise fewer remaining,
-// then the later reset.
+// over an allowing one, then one that never admits the request over one
+// that makes it wait, then the longer wait; otherwise fewer remaining, then
+// the later reset.
 func moreRestrictive(a, b algo.Result, admitted bool) bool {
 	if !admitted && a.Allowed != b.Allowed {
 		return !a.Allowed
+	}
+	if never := algo.ReasonCostTooHigh; !admitted && (a.Reason == never) != (b.Reason == never) {
+		return a.Reason == never
 	}
 	if !admitted && !a.Allowed && a.RetryAfter != b.RetryAfter {
 		return a.RetryAfter > b.RetryAfter
