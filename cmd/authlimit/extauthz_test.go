@@ -55,7 +55,9 @@ func TestExtAuthzSharesTheEngine(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _ = a.serve(ctx, newListener(tcp, s.MaxHeaderBytes, a.accepted, serverTimeouts), s.ShutdownTimeout) }()
+	go func() {
+		_ = a.serve(ctx, newListener(tcp, s.MaxHeaderBytes, a.accepted, serverTimeouts), s.ShutdownTimeout)
+	}()
 	c, err := net.Dial("tcp", tcp.Addr().String())
 	if err != nil {
 		t.Fatal(err)
