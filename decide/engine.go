@@ -224,6 +224,65 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 		e.metrics.invalid.Inc()
 		return
 	}
+	e.decide(ctx, o, now)
+}
+
+// LimitRequest asks one Limit about one key, for DecideLimits.
+type LimitRequest struct {
+	// Limit is the limit, from NewLimit.
+	Limit *Limit
+	// Key is what the limit counts by, any bytes: the engine turns it
+	// into a key tag. It may alias memory the caller reuses once
+	// DecideLimits returns.
+	Key []byte
+	// Cost is the weight of the request; zero means the policy's cost.
+	Cost int64
+	// Shadow makes the limit advisory: decided and counted, never
+	// denying.
+	Shadow bool
+}
+
+// NewLimit returns a Limit of p under name (bounded: it labels metrics),
+// for DecideLimits. The Decider must know p, as it knows the rules'
+// policies.
+func (e *Engine) NewLimit(name string, p *algo.Policy) *Limit {
+	return newLimit(name, p, e.metrics)
+}
+
+// DecideLimits decides limits a front picked itself, such as the policies
+// of Envoy's rate limit descriptors, as one request: every limit that is
+// not a shadow admits it, or nothing is consumed. Everything after the
+// rule matching is as Decide does it: the fail modes, the metrics, the
+// results, the headers and the problem. No rule set and no allow or block
+// list applies; none or more than algo.MaxRules requests is invalid. The
+// engine's Shadow setting makes every limit a shadow.
+func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outcome) {
+	o.reset()
+	defer o.finish()
+	now := e.clock()
+	if len(reqs) > algo.MaxRules {
+		e.metrics.invalid.Inc()
+		o.refuse(Invalid, e.denyStatus, "too-many-limits", fmt.Sprintf("A request may ask at most %d limits.", algo.MaxRules))
+		return
+	}
+	for _, q := range reqs {
+		if q.Limit == nil || q.Limit.Policy == nil {
+			e.metrics.invalid.Inc()
+			o.refuse(Invalid, e.denyStatus, "no-limit", "A request asked a limit that is not there.")
+			return
+		}
+		from := len(o.tags)
+		o.tags = algo.AppendTag(o.tags, q.Key)
+		o.spans = append(o.spans, span{from, len(o.tags)})
+		o.reqs = append(o.reqs, algo.Request{Policy: q.Limit.Policy, Cost: q.Cost, Shadow: q.Shadow || e.shadow})
+		o.limits = append(o.limits, q.Limit)
+		o.ruleOf = append(o.ruleOf, nil)
+	}
+	e.decide(ctx, o, now)
+}
+
+// decide asks the Decider about o.reqs and works out the answer.
+func (e *Engine) decide(ctx context.Context, o *Outcome, now time.Time) {
 	if len(o.reqs) == 0 {
 		e.metrics.unmatched.Inc()
 		o.Verdict = Unmatched
@@ -254,7 +313,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 		o.refuse(Failed, 500, "error", "The decision failed.")
 		return
 	}
-	e.respond(set, o, res, admitted, now)
+	e.respond(o, res, admitted, now)
 }
 
 // apply finds the rules that apply to q, with their keys and costs, into
@@ -298,21 +357,22 @@ func (e *Engine) apply(set *ruleSet, q *rules.Request, o *Outcome) bool {
 		o.tags = algo.AppendTag(o.tags, o.keys)
 		o.spans = append(o.spans, span{from, len(o.tags)})
 		o.reqs = append(o.reqs, algo.Request{Policy: r.Policy, Cost: cost, Shadow: r.Shadow || e.shadow})
-		o.rules = append(o.rules, i)
+		o.limits = append(o.limits, set.limits[i])
+		o.ruleOf = append(o.ruleOf, r)
 	}
 	return true
 }
 
 // respond works out the answer to a decision: metrics, results, headers
 // and, on a denial, the problem.
-func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted bool, now time.Time) {
+func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.Time) {
 	var retry, delay time.Duration
 	costTooHigh := false
 	if !admitted {
 		neverAdmits(o.reqs, res)
 	}
 	for i, r := range res {
-		d := set.metrics[o.rules[i]]
+		d := &o.limits[i].metrics
 		shadow := o.reqs[i].Shadow
 		switch {
 		case r.Allowed:
@@ -325,9 +385,9 @@ func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted b
 			retry = max(retry, r.RetryAfter)
 			costTooHigh = costTooHigh || r.Reason == algo.ReasonCostTooHigh
 		}
-		o.Results = append(o.Results, Result{Rule: set.rules[o.rules[i]], Shadow: shadow, Cost: o.reqs[i].EffectiveCost(), Result: r})
+		o.Results = append(o.Results, Result{Rule: o.ruleOf[i], Limit: o.limits[i], Shadow: shadow, Cost: o.reqs[i].EffectiveCost(), Result: r})
 	}
-	o.setHeaders(set, admitted, now)
+	o.setHeaders(admitted, now)
 	if admitted {
 		e.metrics.allowed.Inc()
 		o.Verdict = Allow
@@ -339,12 +399,12 @@ func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted b
 	}
 	e.metrics.denied.Inc()
 	if costTooHigh {
-		o.deny(set, e.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.")
+		o.deny(e.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.")
 		return
 	}
 	o.RetryAfter = ceilSeconds(retry, 1)
 	o.addHeader(retryAfter, strconv.AppendInt(o.hbuf, o.RetryAfter, 10))
-	o.deny(set, e.denyStatus, "rate-limited", "Too many requests.")
+	o.deny(e.denyStatus, "rate-limited", "Too many requests.")
 }
 
 // neverAdmits marks as cost-too-high every enforcing rule that the request

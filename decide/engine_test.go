@@ -246,3 +246,68 @@ func (ctxDecider) Decide(ctx context.Context, _ []algo.Request, _ []algo.Result)
 	<-ctx.Done()
 	return false, ctx.Err()
 }
+
+// TestDecideLimits: limits a front picks itself are decided as one
+// request, with the fail modes, results, headers and problem of Decide;
+// bad requests are refused, none is unmatched.
+func TestDecideLimits(t *testing.T) {
+	a, err := algo.NewPolicy(algo.Spec{Name: "a", Algorithm: algo.FixedWindow, Limit: 2, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := algo.NewPolicy(algo.Spec{Name: "b", Algorithm: algo.FixedWindow, Limit: 1, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
+	t.Cleanup(func() { _ = m.Close() })
+	g, err := guard.New(guard.Options{Store: m, Policies: []*algo.Policy{a, b}, DenyCacheSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := rules.Parse("name=r key=ip limit=1/1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, lb := e.NewLimit("per-route", a), e.NewLimit("per-user", b)
+	var o Outcome
+	key := []byte("user 1")
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: key}, {Limit: lb, Key: key, Shadow: true}}, &o)
+	if o.Verdict != Allow || len(o.Results) != 2 || o.Results[0].Limit != la || o.Results[0].Rule != nil || o.Results[0].Remaining != 1 {
+		t.Fatalf("first: %v %+v", o.Verdict, o.Results)
+	}
+	if got, want := header(&o, "RateLimit-Policy"), `"per-route";q=2;w=60`; got != want {
+		t.Errorf("RateLimit-Policy %q, want %q (shadow limits stay out)", got, want)
+	}
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: key}, {Limit: lb, Key: key}}, &o)
+	if o.Verdict != Deny || o.Kind != "rate-limited" || !strings.Contains(string(o.Body), `"violated-policies":["per-user"]`) || header(&o, "Retry-After") == "" {
+		t.Fatalf("second: %v %q %s %v", o.Verdict, o.Kind, o.Body, o.Headers)
+	}
+	if got := header(&o, "RateLimit"); !strings.HasPrefix(got, `"per-user";r=0;`) {
+		t.Errorf("RateLimit %q, want the denying limit's", got)
+	}
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: []byte("user 2"), Cost: 3}}, &o)
+	if o.Verdict != Deny || o.Kind != "cost-too-high" || header(&o, "Retry-After") != "" {
+		t.Errorf("cost 3 of 2: %v %q %v", o.Verdict, o.Kind, o.Headers)
+	}
+	e.DecideLimits(context.Background(), nil, &o)
+	if o.Verdict != Unmatched || len(o.Headers) != 0 {
+		t.Errorf("no limits: %v %v", o.Verdict, o.Headers)
+	}
+	e.DecideLimits(context.Background(), []LimitRequest{{Key: key}}, &o)
+	if o.Verdict != Invalid || o.Kind != "no-limit" {
+		t.Errorf("a nil limit: %v %q", o.Verdict, o.Kind)
+	}
+	many := make([]LimitRequest, algo.MaxRules+1)
+	for i := range many {
+		many[i] = LimitRequest{Limit: la, Key: key}
+	}
+	e.DecideLimits(context.Background(), many, &o)
+	if o.Verdict != Invalid || o.Kind != "too-many-limits" {
+		t.Errorf("%d limits: %v %q", len(many), o.Verdict, o.Kind)
+	}
+}
