@@ -125,13 +125,31 @@ func checkRules(rs []*rules.Rule) error {
 	return nil
 }
 
+// PolicyRegistrar is a Decider that must learn policies before it decides
+// them: a guard.Guard keeps, per policy, an id for its deny cache and a
+// divided copy for the local fallback, and knows only those it was built
+// with. SetRules registers the new set's policies with a Decider that is a
+// PolicyRegistrar before it swaps the set in.
+type PolicyRegistrar interface {
+	RegisterPolicies(ps []*algo.Policy) error
+}
+
 // SetRules swaps the rule set whole: requests that have started finish
 // under the set they started with, later ones decide under rs. The
-// Decider must know rs's policies (a guard.Guard is built with every
-// policy it will be asked about).
+// Decider must know rs's policies: a PolicyRegistrar learns them first,
+// and if it refuses them, the set in force stays.
 func (e *Engine) SetRules(rs []*rules.Rule) error {
 	if err := checkRules(rs); err != nil {
 		return err
+	}
+	if r, ok := e.decider.(PolicyRegistrar); ok {
+		ps := make([]*algo.Policy, len(rs))
+		for i, x := range rs {
+			ps[i] = x.Policy
+		}
+		if err := r.RegisterPolicies(ps); err != nil {
+			return fmt.Errorf("decide: register the rules' policies: %w", err)
+		}
 	}
 	e.set.Store(newRuleSet(rs, e.metrics))
 	return nil

@@ -2,6 +2,7 @@ package decide
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -309,5 +310,42 @@ func TestDecideLimits(t *testing.T) {
 	e.DecideLimits(context.Background(), many, &o)
 	if o.Verdict != Invalid || o.Kind != "too-many-limits" {
 		t.Errorf("%d limits: %v %q", len(many), o.Verdict, o.Kind)
+	}
+}
+
+// registrar is a Decider that learns policies, and refuses them when told
+// to.
+type registrar struct {
+	Decider
+	learnt [][]*algo.Policy
+	refuse error
+}
+
+func (r *registrar) RegisterPolicies(ps []*algo.Policy) error {
+	if r.refuse != nil {
+		return r.refuse
+	}
+	r.learnt = append(r.learnt, ps)
+	return nil
+}
+
+// TestSetRulesRegistersPolicies: SetRules tells a PolicyRegistrar the new
+// set's policies before swapping it in, and keeps the set in force when it
+// refuses them.
+func TestSetRulesRegistersPolicies(t *testing.T) {
+	reg := &registrar{}
+	e, sets := newEngine(t, func(d Decider) Decider { reg.Decider = d; return reg }, "name=old key=ip limit=5/1m", "name=new key=ip limit=7/1h; name=other key=ip limit=9/1h")
+	if err := e.SetRules(sets[1]); err != nil {
+		t.Fatal(err)
+	}
+	if len(reg.learnt) != 1 || len(reg.learnt[0]) != 2 || reg.learnt[0][0] != sets[1][0].Policy || reg.learnt[0][1] != sets[1][1].Policy {
+		t.Errorf("learnt %v, want the new set's two policies", reg.learnt)
+	}
+	reg.refuse = errors.New("full")
+	if err := e.SetRules(sets[0]); err == nil || !strings.Contains(err.Error(), "full") {
+		t.Errorf("SetRules with a refusing registrar: %v", err)
+	}
+	if got := e.Rules(); len(got) != 2 || got[0] != sets[1][0] {
+		t.Errorf("after a refused swap, rules %v, want the set in force", got)
 	}
 }
