@@ -273,8 +273,8 @@ func (e *Engine) NewLimit(name string, p *algo.Policy) *Limit {
 // rule matching is as Decide does it: the fail modes, the metrics, the
 // results, the headers and the problem. No rule set and no allow or block
 // list applies. No requests is Unmatched; more than algo.MaxRules, or one
-// without a Limit, is Invalid; a policy asked twice fails (500), as the
-// stores refuse it. The engine's Shadow setting makes every limit a
+// without a Limit, is Invalid; a policy asked twice, or a cost out of
+// range, fails (500), as the stores refuse them. The engine's Shadow setting makes every limit a
 // shadow.
 func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outcome) {
 	o.reset()

@@ -303,6 +303,10 @@ func TestDecideLimits(t *testing.T) {
 	if o.Verdict != Invalid || o.Kind != "no-limit" {
 		t.Errorf("a nil limit: %v %q", o.Verdict, o.Kind)
 	}
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: key}, {Limit: la, Key: []byte("other")}}, &o)
+	if o.Verdict != Failed || o.Status != 500 {
+		t.Errorf("a policy twice: %v %d", o.Verdict, o.Status)
+	}
 	many := make([]LimitRequest, algo.MaxRules+1)
 	for i := range many {
 		many[i] = LimitRequest{Limit: la, Key: key}
