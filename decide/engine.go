@@ -214,10 +214,12 @@ func (in *Input) Refuse(client netip.Addr, kind, detail string) {
 }
 
 // Decide decides in and writes the answer into o, which it resets first.
-// ctx bounds the store's decision: a deadline shortens the wait, a
-// cancellation abandons it (and the guard then counts a store failure, so
-// a front should not pass on its client's cancellations). The delay of a
-// shaped request is the front's to hold.
+// ctx reaches the store: a deadline shortens the wait, a cancellation
+// abandons it, and the guard counts either as the store failing. A front
+// passes neither its caller's cancellation nor a caller's deadline, or a
+// caller in a hurry would open the circuit for everyone; the store's
+// budget bounds the wait. The delay of a shaped request is the front's to
+// hold.
 func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 	set := e.set.Load()
 	o.reset()

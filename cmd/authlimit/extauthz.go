@@ -9,8 +9,7 @@ import (
 
 // registerExtAuthz registers Envoy's external authorization service
 // (envoy.service.auth.v3.Authorization/Check) on g: it decides with the
-// engine, the rules and the trusted proxies /auth decides with, and a call's
-// deadline (Envoy's ext_authz timeout) bounds its decision.
+// engine, the rules and the trusted proxies /auth decides with.
 func registerExtAuthz(g *grpc.Server, a *app, s *settings) error {
 	srv, err := extauthz.New(extauthz.Options{Engine: a.engine, Proxies: rules.Proxies{Trusted: s.trusted}})
 	if err != nil {

@@ -25,6 +25,12 @@
 // headers and the problem JSON body. A CheckRequest without
 // attributes.request.http has nothing to decide: it gets the gRPC status
 // InvalidArgument.
+//
+// The store's budget (AUTHLIMIT_REDIS_TIMEOUT), not the call's deadline,
+// bounds a decision: a caller with a short deadline, or one that gives up,
+// must not count as the store failing. Envoy's ext_authz timeout should
+// exceed that budget. A shaped request is held until its delay passes or
+// the call ends.
 package extauthz
 
 import (
@@ -53,10 +59,6 @@ type Options struct {
 	Engine *decide.Engine
 	// Proxies finds the client behind trusted proxies.
 	Proxies rules.Proxies
-	// Timeout bounds a decision whose call has no deadline of its own
-	// (Envoy sends its ext_authz timeout as the call's deadline). Zero
-	// leaves such a decision to the store's own budget.
-	Timeout time.Duration
 	// Sleep holds a shaped request for d, or until ctx ends. Default: a
 	// timer.
 	Sleep func(ctx context.Context, d time.Duration)
@@ -67,7 +69,6 @@ type Server struct {
 	authv3.UnimplementedAuthorizationServer
 	engine  *decide.Engine
 	proxies rules.Proxies
-	timeout time.Duration
 	sleep   func(context.Context, time.Duration)
 	scratch sync.Pool // *scratch
 }
@@ -77,13 +78,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Engine == nil {
 		return nil, errors.New("extauthz: no engine")
 	}
-	if opts.Timeout < 0 {
-		return nil, errors.New("extauthz: negative timeout")
-	}
 	if opts.Sleep == nil {
 		opts.Sleep = sleep
 	}
-	s := &Server{engine: opts.Engine, proxies: opts.Proxies, timeout: opts.Timeout, sleep: opts.Sleep}
+	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
 }
@@ -115,30 +113,17 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	ip := s.proxies.ClientIP(sc.xff, realIP, peer(req.GetAttributes().GetSource().GetAddress()))
 	s.engine.Read(&sc.in, ip, []byte(h.GetMethod()), []byte(h.GetPath()), []byte(h.GetHost()), &sc.hdrs)
 
-	dctx, cancel := s.decisionContext(ctx)
-	s.engine.Decide(dctx, &sc.in, &sc.out)
-	cancel()
+	// The caller's deadline and cancellation do not reach the decision:
+	// the guard counts an abandoned decision as a store failure, so a
+	// caller in a hurry (or one that gives up) would open the circuit for
+	// everyone, and a decision sent to the store may consume there
+	// whatever the caller does. The store's budget bounds it.
+	s.engine.Decide(context.WithoutCancel(ctx), &sc.in, &sc.out)
 	out := &sc.out
 	if out.Delay > 0 {
 		s.sleep(ctx, out.Delay)
 	}
 	return response(out), nil
-}
-
-// decisionContext is the decision's context: the call's deadline (or the
-// server's timeout), without the call's cancellation. A decision sent to
-// the store may consume there whatever the caller does, and the guard
-// counts an abandoned decision as a store failure, so a caller going away
-// must not abandon it; its deadline still bounds the wait.
-func (s *Server) decisionContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	d, ok := ctx.Deadline()
-	if !ok && s.timeout > 0 {
-		d, ok = time.Now().Add(s.timeout), true
-	}
-	if !ok {
-		return context.WithoutCancel(ctx), func() {}
-	}
-	return context.WithDeadline(context.WithoutCancel(ctx), d)
 }
 
 // response writes the outcome as a CheckResponse.

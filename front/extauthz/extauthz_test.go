@@ -48,6 +48,7 @@ type stack struct {
 	auth   string // the address /auth is served on
 	conn   *grpc.ClientConn
 	client authv3.AuthorizationClient
+	server *Server
 	slept  chan time.Duration // Check's shaping delays
 }
 
@@ -107,6 +108,7 @@ func newStack(t *testing.T, b backend, src string, mod func(*decide.Options)) *s
 	if err != nil {
 		t.Fatal(err)
 	}
+	st.server = srv
 	gs := grpc.NewServer()
 	srv.Register(gs)
 	gl, err := net.Listen("tcp", "127.0.0.1:0")
@@ -555,5 +557,31 @@ func TestCheckBadInput(t *testing.T) {
 	}
 	if a := st.viaCheck(t, step{}, true); a.status != 200 {
 		t.Errorf("after the bad input: %d, want 200", a.status)
+	}
+}
+
+// TestCallerDeadlineDoesNotTripTheBreaker: calls whose deadline has passed,
+// or that were cancelled, before Check decides are still decided by Redis,
+// and do not count as Redis failing: with fail mode closed and a breaker
+// that opens after 3 failures, the next call is still decided by Redis.
+func TestCallerDeadlineDoesNotTripTheBreaker(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.New(t), failMode: guard.FailClosed}
+	st := newStack(t, b, "name=a key=ip limit=100/1m", nil)
+	srv := st.server
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	cancelled, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	for i, ctx := range []context.Context{expired, cancelled, expired, cancelled, expired} {
+		resp, err := srv.Check(ctx, checkRequest(step{}, true))
+		if err != nil {
+			t.Fatalf("call %d: %v", i+1, err)
+		}
+		if a := fromCheck(t, resp); a.status != 200 || a.headers["X-RateLimit-Remaining"] != strconv.Itoa(99-i) {
+			t.Fatalf("call %d in a hurry: %d %v %s, want 200 with %d remaining", i+1, a.status, a.headers, a.body, 99-i)
+		}
+	}
+	if a := st.viaCheck(t, step{}, true); a.status != 200 || a.headers["X-RateLimit-Remaining"] != "94" {
+		t.Errorf("after the hurried calls: %d %v %s, want 200 with 94 remaining", a.status, a.headers, a.body)
 	}
 }
