@@ -73,7 +73,7 @@ type ruleMetrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_requests_total",
-		Help: "Auth requests by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
+		Help: "Requests decided by the engine (/auth and ext_authz Check) by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
 	}, []string{"result"})
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_decisions_total",
