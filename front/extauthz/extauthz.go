@@ -103,7 +103,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 		return nil, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http")
 	}
 	sc := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(sc)
+	defer s.release(sc)
 	sc.hdrs = headers{joined: h.GetHeaders()}
 	if m := h.GetHeaderMap(); m != nil {
 		sc.hdrs = headers{raw: m.GetHeaders()}
@@ -124,6 +124,15 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 		s.sleep(ctx, out.Delay)
 	}
 	return response(out), nil
+}
+
+// release pools sc without the request's headers, which it would
+// otherwise keep alive until its next use.
+func (s *Server) release(sc *scratch) {
+	sc.hdrs = headers{}
+	clear(sc.xff)
+	sc.in.Request.Header = nil
+	s.scratch.Put(sc)
 }
 
 // response writes the outcome as a CheckResponse.
