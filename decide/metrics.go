@@ -1,0 +1,104 @@
+package decide
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/rules"
+)
+
+// ruleSet is a rule set as the engine decides it, never modified once
+// built: the rules and, for each, its Limit.
+type ruleSet struct {
+	rules  []*rules.Rule
+	limits []*Limit // rules[i]'s
+}
+
+func newRuleSet(rs []*rules.Rule, m *metrics) *ruleSet {
+	set := &ruleSet{rules: rs}
+	for _, r := range rs {
+		set.limits = append(set.limits, newLimit(r.Name, r.Policy, m))
+	}
+	return set
+}
+
+// Limit is a policy under a name, as the headers, the problem and the
+// metrics give it: the engine makes one per rule, and a front that picks
+// its policies itself (Envoy's rate limit service) makes its own with
+// NewLimit, once, and decides them with DecideLimits.
+type Limit struct {
+	// Name names the limit in RateLimit-Policy, RateLimit, the problem's
+	// violated-policies and the metrics' rule label.
+	Name string
+	// Policy is the enforced limit.
+	Policy *algo.Policy
+
+	quoted  []byte // Name, quoted
+	item    []byte // the RateLimit-Policy item
+	metrics ruleMetrics
+}
+
+func newLimit(name string, p *algo.Policy, m *metrics) *Limit {
+	s := p.Spec()
+	return &Limit{
+		Name:   name,
+		Policy: p,
+		quoted: []byte(`"` + name + `"`),
+		item:   []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, name, s.Limit, ceilSeconds(s.Window, 1))),
+		metrics: ruleMetrics{
+			allowed:      m.decisions.WithLabelValues(name, "allowed"),
+			denied:       m.decisions.WithLabelValues(name, "denied"),
+			shadowDenied: m.decisions.WithLabelValues(name, "shadow_denied"),
+		},
+	}
+}
+
+// metrics are the engine's Prometheus metrics, each bound to its labels
+// once, so that a request looks nothing up. Labels are bounded: rule names
+// come from configuration, every other label from a fixed set; nothing is
+// labelled by key or client.
+type metrics struct {
+	allowed, denied, unmatched, allowlisted, blocked prometheus.Counter
+	invalid, unavailable, errors                     prometheus.Counter
+	decisions                                        *prometheus.CounterVec
+	delay                                            prometheus.Histogram
+}
+
+type ruleMetrics struct {
+	allowed, denied, shadowDenied prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "authlimit_requests_total",
+		Help: "Requests decided by the engine (/auth and ext_authz Check) by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
+	}, []string{"result"})
+	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "authlimit_decisions_total",
+		Help: "Rule decisions by rule and outcome: allowed, denied, shadow_denied (a shadow rule that would have denied).",
+	}, []string{"rule", "outcome"})
+	delay := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "authlimit_shaping_delay_seconds",
+		Help:    "How long admitted requests were held by shaping leaky buckets.",
+		Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	})
+	for _, c := range []prometheus.Collector{requests, decisions, delay} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("decide metrics: %w", err)
+		}
+	}
+	return &metrics{
+		allowed:     requests.WithLabelValues("allowed"),
+		denied:      requests.WithLabelValues("denied"),
+		unmatched:   requests.WithLabelValues("unmatched"),
+		allowlisted: requests.WithLabelValues("allowlisted"),
+		blocked:     requests.WithLabelValues("blocked"),
+		invalid:     requests.WithLabelValues("invalid"),
+		unavailable: requests.WithLabelValues("unavailable"),
+		errors:      requests.WithLabelValues("error"),
+		decisions:   decisions,
+		delay:       delay,
+	}, nil
+}
