@@ -49,7 +49,7 @@ type validator interface{ ValidateAll() error }
 // packed in an Any, however deep.
 func loadBootstrap(t *testing.T, rel string) *bootstrapv3.Bootstrap {
 	t.Helper()
-	js, err := sigsyaml.YAMLToJSON(readRepo(t, rel))
+	js, err := sigsyaml.YAMLToJSONStrict(readRepo(t, rel))
 	if err != nil {
 		t.Fatalf("%s: %v", rel, err)
 	}
@@ -612,9 +612,9 @@ func (e envoyExtAuthz) serve(t *testing.T, req clientRequest) clientAnswer {
 	return ans
 }
 
-// startAuthlimit builds authlimit and runs it on a free loopback port
+// startBuiltAuthlimit builds authlimit and runs it on a free loopback port
 // with env, until the test ends; it returns its address.
-func startAuthlimit(t *testing.T, env map[string]string) string {
+func startBuiltAuthlimit(t *testing.T, env map[string]string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "authlimit")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/authlimit")
@@ -665,7 +665,7 @@ func startAuthlimit(t *testing.T, env map[string]string) string {
 func TestEnvoyHTTPExtAuthzSpoofing(t *testing.T) {
 	b := loadBootstrap(t, "envoy/envoy.yaml")
 	az, _ := filter[*extauthzv3.ExtAuthz](t, "envoy/envoy.yaml", httpListener(t, "envoy/envoy.yaml", b), "envoy.filters.http.ext_authz")
-	addr := startAuthlimit(t, map[string]string{
+	addr := startBuiltAuthlimit(t, map[string]string{
 		"AUTHLIMIT_RULES": "name=login key=ip limit=1/1h method=POST path=/login; name=admin key=ip limit=1/1h host=admin.example.com; name=api key=header:X-Api-Key limit=1/1h path=/api",
 	})
 	envoy := envoyExtAuthz{authlimit: addr, conf: az}
