@@ -430,7 +430,8 @@ func find(ds []rlsDescriptor, key, value string) *rlsDescriptor {
 
 // TestEnvoyRateLimitFile checks envoy/envoy-ratelimit.yaml and
 // envoy/ratelimit.yaml: the ratelimit filter asks authlimit's gRPC port in
-// the domain ratelimit.yaml configures, with X-RateLimit headers on, and
+// the domain ratelimit.yaml configures, with Envoy's own X-RateLimit
+// headers off (authlimit adds them), and
 // every descriptor the route's actions build reaches a limit there.
 func TestEnvoyRateLimitFile(t *testing.T) {
 	const rel = "envoy/envoy-ratelimit.yaml"
@@ -444,8 +445,10 @@ func TestEnvoyRateLimitFile(t *testing.T) {
 	if rl.GetRateLimitService().GetTransportApiVersion().String() != "V3" {
 		t.Errorf("%s: the rate limit service's transport_api_version is not V3", rel)
 	}
-	if rl.GetEnableXRatelimitHeaders() != ratelimitv3.RateLimit_DRAFT_VERSION_03 {
-		t.Errorf("%s: enable_x_ratelimit_headers is off", rel)
+	// authlimit adds the rate-limit headers itself: Envoy's would be
+	// second copies.
+	if rl.GetEnableXRatelimitHeaders() != ratelimitv3.RateLimit_OFF {
+		t.Errorf("%s: enable_x_ratelimit_headers %v: clients would get each X-RateLimit-* twice", rel, rl.GetEnableXRatelimitHeaders())
 	}
 	if rl.GetFailureModeDeny() {
 		t.Errorf("%s: failure_mode_deny: README says the file lets requests through while authlimit is unreachable", rel)
