@@ -185,6 +185,9 @@ func loadEnvoyAuthlimit(t *testing.T) envoyAuthlimit {
 	if cs[0].LivenessProbe.HTTPGet.Path != "/healthz" || cs[0].ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("%s: probes want /healthz and /readyz", rel)
 	}
+	if got := d.Spec.Template.Labels["sidecar.istio.io/inject"]; got != "false" {
+		t.Errorf("%s: sidecar.istio.io/inject %q, want \"false\": behind a sidecar, authlimit would not see the gateway as its peer", rel, got)
+	}
 	svc := object[*corev1.Service](t, rel, objs, "Service/authlimit")
 	for _, p := range svc.Spec.Ports {
 		a.ports[p.Port] = p.TargetPort.StrVal
