@@ -58,6 +58,7 @@ fuzz:
 	done
 	$(GO) test -run '^$$' -fuzz '^FuzzAuth$$' -fuzztime $(FUZZTIME) ./handler
 	$(GO) test -run '^$$' -fuzz '^FuzzCheck$$' -fuzztime $(FUZZTIME) ./front/extauthz
+	$(GO) test -run '^$$' -fuzz '^FuzzAuthPath$$' -fuzztime $(FUZZTIME) ./handler
 
 clean:
 	rm -rf bin

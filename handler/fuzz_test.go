@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"bufio"
 	"net/netip"
 	"strings"
 	"testing"
@@ -39,6 +40,36 @@ func FuzzAuth(f *testing.F) {
 			}
 		default:
 			t.Fatalf("status %d for %q %q %q %q %q %q %q", ctx.Response.StatusCode(), xff, realIP, uri, method, host, apiKey, cost)
+		}
+	})
+}
+
+// FuzzAuthPath sends requests whose request line holds any path under
+// /auth/, as Envoy's HTTP ext_authz sends the original path: each is a
+// decision (200 or 429), never a health check, metrics or not found,
+// whatever dot segments, escapes or bytes it holds.
+func FuzzAuthPath(f *testing.F) {
+	f.Add("GET", "login?x=1")
+	f.Add("POST", "../healthz")
+	f.Add("GET", "%2e%2e/%2E%2e/metrics")
+	f.Add("HEAD", "a/../../readyz;x=1")
+	f.Add("GET", "\\..\\healthz")
+	h := newHandler(f, "name=per-ip limit=1/1h; name=ops key=ip limit=1/1h path=~^/(healthz|readyz|metrics)$")
+	f.Fuzz(func(t *testing.T, method, rest string) {
+		raw := method + " /auth/" + rest + " HTTP/1.1\r\nHost: api.example.com\r\nX-Forwarded-For: 203.0.113.7\r\n\r\n"
+		var ctx fasthttp.RequestCtx
+		if err := ctx.Request.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			return // not a request fasthttp reads
+		}
+		if !strings.HasPrefix(string(ctx.Request.URI().PathOriginal()), "/auth/") {
+			return // the target ended before the path did
+		}
+		h.Serve(&ctx)
+		if code := ctx.Response.StatusCode(); code != 200 && code != 429 {
+			t.Fatalf("%q: status %d %q, want a decision", raw, code, ctx.Response.Body())
+		}
+		if code := ctx.Response.StatusCode(); code == 200 && len(ctx.Response.Body()) > 0 {
+			t.Fatalf("%q: 200 with a body %q: not a decision", raw, ctx.Response.Body())
 		}
 	})
 }

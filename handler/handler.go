@@ -152,9 +152,14 @@ type scratch struct {
 	hdrs headers
 }
 
-// Serve routes: /auth decides, /healthz says alive, /readyz says whether
-// decisions come from the store, /metrics serves Prometheus metrics.
+// Serve routes: /auth and every path under /auth/ decide, /healthz says
+// alive, /readyz says whether decisions come from the store, /metrics
+// serves Prometheus metrics.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
+	if _, ok := underAuth(ctx); ok {
+		h.auth(ctx)
+		return
+	}
 	switch string(ctx.Path()) {
 	case "/auth":
 		h.auth(ctx)
@@ -166,8 +171,25 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	case "/metrics":
 		h.serveMetrics(ctx)
 	default:
-		ctx.Error("not found: authlimit serves /auth, /healthz, /readyz and /metrics\n", fasthttp.StatusNotFound)
+		ctx.Error("not found: authlimit serves /auth, /auth/*, /healthz, /readyz and /metrics\n", fasthttp.StatusNotFound)
 	}
+}
+
+// authPrefix is what Envoy's HTTP ext_authz puts before the original path
+// (its path_prefix).
+var authPrefix = []byte("/auth/")
+
+// underAuth returns the original path of a request under /auth/: the
+// request line's path with /auth removed, as sent, before any decoding or
+// normalization. It reads the path as sent, not as fasthttp normalizes it:
+// /auth/../healthz is under /auth/ (the original path /../healthz), never
+// the health check, so a client cannot turn its decision into a 200.
+func underAuth(ctx *fasthttp.RequestCtx) ([]byte, bool) {
+	p := ctx.Request.URI().PathOriginal()
+	if !bytes.HasPrefix(p, authPrefix) {
+		return nil, false
+	}
+	return p[len(authPrefix)-1:], true
 }
 
 // readyz answers 200 while decisions come from the store, and also when
@@ -226,7 +248,10 @@ func (h *Handler) write(ctx *fasthttp.RequestCtx, out *decide.Outcome) {
 }
 
 // read fills sc.in from the request: the original method, path and host,
-// each normalized, and the client's key. With a URL header, the host and
+// each normalized, and the client's key. Without a URI header, the path
+// of a request under /auth/ is the rest of its path (Envoy's HTTP
+// ext_authz sends the original path behind /auth). With a URL header, the
+// host and
 // the path come from it alone: it reports false if that header is absent,
 // repeated or not an absolute URL with a host.
 func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) bool {
@@ -248,7 +273,10 @@ func (h *Handler) read(ctx *fasthttp.RequestCtx, sc *scratch, ip netip.Addr) boo
 		}
 	} else {
 		if uri = hdr.PeekCanonical(h.uriHeader); len(uri) == 0 {
-			uri = ctx.Path()
+			var ok bool
+			if uri, ok = underAuth(ctx); !ok {
+				uri = ctx.Path()
+			}
 		}
 		if host = hdr.PeekCanonical(h.hostHeader); len(host) == 0 {
 			host = hdr.Host()

@@ -124,6 +124,21 @@ func TestAuthAllocatesNothing(t *testing.T) {
 	if got := testing.AllocsPerRun(200, run); got != 0 {
 		t.Errorf("parsed request: %v allocations per request, want 0 (status %d)", got, parsed.Response.StatusCode())
 	}
+
+	// Envoy's HTTP ext_authz: the original method and path in the
+	// request line, behind /auth.
+	he := newHandler(t, "name=api key=ip+header:X-Api-Key limit=1000000/1m method=POST path=/api")
+	envoy := serveRaw(t, he, "POST /auth/API/v1?x=1 HTTP/1.1\r\nHost: api.example.com\r\nX-Forwarded-For: 203.0.113.7\r\nX-Api-Key: k\r\nContent-Length: 0\r\n\r\n")
+	if envoy.Response.StatusCode() != 200 || len(envoy.Response.Header.Peek("RateLimit-Policy")) == 0 {
+		t.Fatalf("envoy request: %d %s", envoy.Response.StatusCode(), envoy.Response.Body())
+	}
+	run = func() {
+		envoy.Response.Reset()
+		he.Serve(envoy)
+	}
+	if got := testing.AllocsPerRun(200, run); got != 0 {
+		t.Errorf("envoy request: %v allocations per request, want 0 (status %d)", got, envoy.Response.StatusCode())
+	}
 }
 
 // serveRaw serves a request read from raw bytes, as from a connection
@@ -460,5 +475,82 @@ func TestCostTooHighOverRateLimited(t *testing.T) {
 	serve("2")
 	if got, body := ctx.Response.StatusCode(), string(ctx.Response.Body()); got != 429 || !strings.Contains(body, "urn:authlimit:rate-limited") || len(ctx.Response.Header.Peek("Retry-After")) == 0 {
 		t.Errorf("cost 2: %d %s Retry-After %q, want 429 rate-limited with Retry-After", got, body, ctx.Response.Header.Peek("Retry-After"))
+	}
+}
+
+// TestPathsUnderAuth: Envoy's HTTP ext_authz sends the original method as
+// the request's and the original path behind its path_prefix, /auth. Every
+// path under /auth/ decides, with the method from the request line and the
+// path from the rest of it, normalized as X-Forwarded-Uri is; /auth itself
+// keeps its own path; /authx is not found.
+func TestPathsUnderAuth(t *testing.T) {
+	const rules = "name=login key=ip limit=1/1h method=POST path=/login; name=self key=ip limit=1/1h path=/auth; name=root key=ip limit=1/1h path=~^/$; name=ops key=ip limit=1/1h path=~^/(healthz|metrics)$"
+	for _, tc := range []struct {
+		name   string
+		line   string   // the request line's method and target
+		lines  []string // more header lines
+		status int
+		rule   string // the rule in RateLimit-Policy; "" for none
+	}{
+		{"envoy's path with a query", "POST /auth/login?x=1", nil, 200, "login"},
+		{"normalized like X-Forwarded-Uri", "POST /auth/Log%69n;jsessionid=1/", nil, 200, "login"},
+		{"dot segments resolved after the prefix goes", "POST /auth/x/../login", nil, 200, "login"},
+		{"dot segments above the original root", "POST /auth/../login", nil, 200, "login"},
+		{"method from the request line", "GET /auth/login", nil, 200, ""},
+		{"the original root", "GET /auth/", nil, 200, "root"},
+		{"the original root with a query", "GET /auth/?a=/login", nil, 200, "root"},
+		{"X-Forwarded-Uri wins", "POST /auth/elsewhere", []string{"X-Forwarded-Uri: /login"}, 200, "login"},
+		{"X-Forwarded-Method wins", "GET /auth/login", []string{"X-Forwarded-Method: POST"}, 200, "login"},
+		{"/auth keeps its own path", "GET /auth", nil, 200, "self"},
+		{"/auth with a query keeps its own path", "GET /auth?x=/login", nil, 200, "self"},
+		{"not a path under /auth/", "GET /authx", nil, 404, ""},
+		{"not a path under /auth/ either", "POST /authlogin", nil, 404, ""},
+		// fasthttp's own normalization makes this /healthz: it must
+		// still be a decision, never the health check's 200.
+		{"the health check behind the prefix", "GET /auth/../healthz", nil, 200, "ops"},
+		{"the metrics behind the prefix", "GET /auth/%2e%2e/metrics", nil, 200, "ops"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHandler(t, rules)
+			raw := tc.line + " HTTP/1.1\r\nHost: api.example.com\r\nX-Forwarded-For: 203.0.113.7\r\n"
+			for _, l := range tc.lines {
+				raw += l + "\r\n"
+			}
+			raw += "\r\n"
+			ctx := serveRaw(t, h, raw)
+			if got := ctx.Response.StatusCode(); got != tc.status {
+				t.Fatalf("%s: %d %q, want %d", tc.line, got, ctx.Response.Body(), tc.status)
+			}
+			if tc.status == 404 {
+				return
+			}
+			if body := string(ctx.Response.Body()); body != "" {
+				t.Errorf("%s: body %q, want the empty body of an allowed decision", tc.line, body)
+			}
+			policy := string(ctx.Response.Header.Peek("RateLimit-Policy"))
+			if tc.rule == "" {
+				if policy != "" {
+					t.Errorf("%s: RateLimit-Policy %q, want no rule", tc.line, policy)
+				}
+				return
+			}
+			if want := `"` + tc.rule + `";q=1;w=3600`; policy != want {
+				t.Errorf("%s: RateLimit-Policy %q, want %q", tc.line, policy, want)
+			}
+			// The second request is denied at once, 429 with the
+			// rate-limit headers, for Envoy to relay.
+			again := serveRaw(t, h, raw)
+			if got := again.Response.StatusCode(); got != 429 {
+				t.Fatalf("%s again: %d, want 429", tc.line, got)
+			}
+			for _, name := range []string{"Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit", "RateLimit-Policy"} {
+				if len(again.Response.Header.Peek(name)) == 0 {
+					t.Errorf("%s again: no %s", tc.line, name)
+				}
+			}
+			if body := string(again.Response.Body()); !strings.Contains(body, `"violated-policies":["`+tc.rule+`"]`) {
+				t.Errorf("%s again: body %s, want %s violated", tc.line, body, tc.rule)
+			}
+		})
 	}
 }
