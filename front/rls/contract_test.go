@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 )
 
 const (

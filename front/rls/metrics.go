@@ -93,4 +93,3 @@ func (m *metrics) record(apps []applied, reqs []algo.Request, res []algo.Result,
 		}
 	}
 }
-
