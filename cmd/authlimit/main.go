@@ -30,6 +30,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/rules"
@@ -121,6 +122,11 @@ type app struct {
 	// accepted counts the connections the decision listener accepts (see
 	// newListener).
 	accepted prometheus.Counter
+	// rls answers ShouldRateLimit and POST /json; nil without
+	// AUTHLIMIT_RLS_CONFIG. grpc serves gRPC; nil without
+	// AUTHLIMIT_GRPC_LISTEN.
+	rls  *rls.Service
+	grpc *grpcFront
 }
 
 // serve answers on l until ctx ends, then shuts down: it stops accepting,
@@ -130,9 +136,12 @@ type app struct {
 func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) error {
 	served := make(chan error, 1)
 	go func() { served <- a.server.Serve(l) }()
+	grpcServed := a.serveGRPC()
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)
+	case err := <-grpcServed:
+		return grpcServeError(err)
 	case <-ctx.Done():
 	}
 	a.log.Info("shutting down", "timeout", timeout.String())
@@ -142,7 +151,10 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	// but counts a new one as busy from its accept: one that never sends
 	// a byte would hold the shutdown until its read timeout.
 	l.closeSilent()
-	if err := a.server.ShutdownWithContext(sctx); err != nil {
+	grpcStopped := a.stopGRPC(sctx)
+	err := a.server.ShutdownWithContext(sctx)
+	<-grpcStopped
+	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
@@ -177,6 +189,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	for _, r := range s.rules {
 		policies = append(policies, r.Policy)
 	}
+	policies = append(policies, s.rlsPolicies()...)
 	gopts := guard.Options{
 		FailMode:          s.failMode,
 		Policies:          policies,
@@ -267,8 +280,12 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.handler = h
+	if err := a.newFronts(s, g, reg); err != nil {
+		a.close()
+		return nil, err
+	}
 	a.server = &fasthttp.Server{
-		Handler:               h.Serve,
+		Handler:               a.httpRoutes(h.Serve),
 		Name:                  "authlimit",
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/envoyconf"
+	"github.com/authlimit/authlimit/front/rls"
+	"github.com/authlimit/authlimit/guard"
+)
+
+// grpcSettings reads AUTHLIMIT_GRPC_LISTEN and AUTHLIMIT_RLS_CONFIG: the
+// gRPC address, and the envoyproxy/ratelimit configuration that
+// ShouldRateLimit and POST /json answer from. Every mistake in the
+// configuration is reported, each naming its file, domain, descriptor and
+// field.
+func grpcSettings(c *config, s *settings, problem func(string, error)) {
+	if c.GRPCListen != "" {
+		if err := checkHostPort(c.GRPCListen); err != nil {
+			problem("GRPC_LISTEN", fmt.Errorf("%q is not host:port (such as :8081 or 127.0.0.1:8081): %w", c.GRPCListen, err))
+		}
+	}
+	if c.RLSConfig == "" {
+		return
+	}
+	cfg, err := envoyconf.Load(c.RLSConfig)
+	if err != nil {
+		for _, e := range unjoin(err) {
+			problem("RLS_CONFIG", e)
+		}
+		return
+	}
+	s.rls = cfg
+}
+
+// describeRLS adds the gRPC settings to -check's output.
+func (s *settings) describeRLS(w func(k, v string)) {
+	if s.GRPCListen == "" {
+		w("grpc", "off (AUTHLIMIT_GRPC_LISTEN unset)")
+	} else {
+		w("grpc", s.GRPCListen+" (health"+map[bool]string{true: ", ShouldRateLimit", false: ""}[s.rls != nil]+")")
+	}
+	if s.rls == nil {
+		return
+	}
+	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits())))
+}
+
+// rlsPolicies are the policies the guard must know for the rate-limit
+// service.
+func (s *settings) rlsPolicies() []*algo.Policy {
+	if s.rls == nil {
+		return nil
+	}
+	return s.rls.Policies()
+}
+
+// grpcFront is the gRPC server: the rate-limit service, the health service
+// and whatever else registerServices puts on it.
+type grpcFront struct {
+	server   *grpc.Server
+	health   *health.Server
+	listener net.Listener
+}
+
+// newFronts builds what answers besides /auth: the rate-limit service (when
+// AUTHLIMIT_RLS_CONFIG is set), for POST /json and ShouldRateLimit, and the
+// gRPC server (when AUTHLIMIT_GRPC_LISTEN is set), listening at once so
+// that a port in use stops authlimit at start.
+func (a *app) newFronts(s *settings, g *guard.Guard, reg prometheus.Registerer) error {
+	if s.rls != nil {
+		svc, err := rls.New(rls.Options{Config: s.rls, Decider: g, Registry: reg, Logger: a.log})
+		if err != nil {
+			return err
+		}
+		a.rls = svc
+	}
+	if s.GRPCListen == "" {
+		return nil
+	}
+	l, err := net.Listen("tcp", s.GRPCListen)
+	if err != nil {
+		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
+	}
+	f := &grpcFront{server: grpc.NewServer(), health: health.NewServer(), listener: l}
+	a.registerServices(f)
+	a.grpc = f
+	a.closers = append(a.closers, func() error { f.server.Stop(); return nil })
+	return nil
+}
+
+// registerServices is the one place where services are put on the gRPC
+// server: every service registers here, and the health service reports
+// each as serving.
+func (a *app) registerServices(f *grpcFront) {
+	healthpb.RegisterHealthServer(f.server, f.health)
+	if a.rls != nil {
+		a.rls.Register(f.server)
+	}
+	for name := range f.server.GetServiceInfo() {
+		f.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	f.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+}
+
+// httpRoutes adds POST /json, envoyproxy/ratelimit's HTTP form of
+// ShouldRateLimit, in front of the handler's routes when the rate-limit
+// service is configured.
+func (a *app) httpRoutes(next fasthttp.RequestHandler) fasthttp.RequestHandler {
+	if a.rls == nil {
+		return next
+	}
+	return func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/json" {
+			a.rls.ServeJSON(ctx)
+			return
+		}
+		next(ctx)
+	}
+}
+
+// serveGRPC serves gRPC in the background; the channel gets Serve's
+// error. Without a gRPC server it is nil, and never ready.
+func (a *app) serveGRPC() <-chan error {
+	if a.grpc == nil {
+		return nil
+	}
+	served := make(chan error, 1)
+	go func() { served <- a.grpc.server.Serve(a.grpc.listener) }()
+	return served
+}
+
+// stopGRPC stops the gRPC server gracefully: health says NOT_SERVING, no
+// new call is taken, and the calls in flight finish until ctx ends, when
+// the rest are cut. The channel closes once the server has stopped.
+func (a *app) stopGRPC(ctx context.Context) <-chan struct{} {
+	done := make(chan struct{})
+	if a.grpc == nil {
+		close(done)
+		return done
+	}
+	a.grpc.health.Shutdown()
+	graceful := make(chan struct{})
+	go func() { a.grpc.server.GracefulStop(); close(graceful) }()
+	go func() {
+		defer close(done)
+		select {
+		case <-graceful:
+		case <-ctx.Done():
+			a.grpc.server.Stop()
+			<-graceful
+		}
+	}()
+	return done
+}
+
+// grpcServeError wraps an error of the gRPC server's Serve; a server
+// stopped on purpose is none.
+func grpcServeError(err error) error {
+	if err == nil || errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return fmt.Errorf("serve grpc: %w", err)
+}
