@@ -135,6 +135,7 @@ func (a *app) serveGRPC() <-chan error {
 	if a.grpc == nil {
 		return nil
 	}
+	a.log.Info("grpc serving", "listen", a.grpc.listener.Addr().String(), "rate_limit_service", a.rls != nil)
 	served := make(chan error, 1)
 	go func() { served <- a.grpc.server.Serve(a.grpc.listener) }()
 	return served
