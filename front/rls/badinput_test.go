@@ -201,3 +201,23 @@ descriptors:
 		}
 	}
 }
+
+// TestCallerDeadlineDoesNotTripTheBreaker: a caller whose deadline has
+// passed still gets the store's decision, and the store's circuit (opened
+// here by a single failure) stays closed.
+func TestCallerDeadlineDoesNotTripTheBreaker(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind storeKind) {
+		e := start(t, kind, another)
+		awayFromWindowEdge(t, time.Minute, 15*time.Second)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		for i := 1; i <= 3; i++ {
+			r, err := e.svc.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlDesc{desc("key2", "hurry")}})
+			if err != nil {
+				t.Fatalf("cancelled caller %d: %v", i, err)
+			}
+			check(t, "cancelled caller", r, ok, st{ok, "20/minute", uint32(20 - i)})
+		}
+		check(t, "after", e.ask(t, "another", desc("key2", "hurry")), ok, st{ok, "20/minute", 16})
+	})
+}

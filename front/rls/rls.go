@@ -206,7 +206,11 @@ func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateL
 		// Denied whatever the store says: nothing is counted.
 		admitted = false
 	case len(reqs) > 0:
-		ok, err := s.decider.Decide(ctx, reqs, res)
+		// The caller's deadline does not bound the decision: the store's
+		// own budget does. A caller choosing a deadline too short for any
+		// store would otherwise count as the store failing, and could open
+		// the circuit for everyone.
+		ok, err := s.decider.Decide(context.WithoutCancel(ctx), reqs, res)
 		switch {
 		case errors.Is(err, guard.ErrFailedOpen):
 			s.metrics.failedOpen.Inc()
@@ -215,8 +219,6 @@ func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateL
 			return nil, status.Error(codes.Unavailable, "the rate-limit store could not decide; retry shortly")
 		case errors.Is(err, algo.ErrInvalid):
 			return nil, status.Errorf(codes.InvalidArgument, "%v", err)
-		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-			return nil, status.FromContextError(err).Err()
 		case err != nil:
 			s.log.Error("rls decide", "err", err)
 			return nil, status.Error(codes.Internal, "the decision failed")
