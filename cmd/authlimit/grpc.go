@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -71,7 +73,25 @@ type grpcFront struct {
 	server   *grpc.Server
 	health   *health.Server
 	listener net.Listener
+	// stopWatch ends watchReadiness; watched is closed when it has.
+	stopWatch, watched chan struct{}
+	watching           bool
+	stopOnce           sync.Once
 }
+
+// stopWatching ends watchReadiness, if it runs, and waits for it.
+func (f *grpcFront) stopWatching() {
+	f.stopOnce.Do(func() {
+		close(f.stopWatch)
+		if f.watching {
+			<-f.watched
+		}
+	})
+}
+
+// readinessInterval is how often the gRPC health service asks the guard
+// whether decisions come from the store.
+const readinessInterval = time.Second
 
 // newFronts builds what answers besides /auth: the rate-limit service (when
 // AUTHLIMIT_RLS_CONFIG is set), for POST /json and ShouldRateLimit, and the
@@ -92,11 +112,35 @@ func (a *app) newFronts(s *settings, g *guard.Guard, reg prometheus.Registerer) 
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
 	}
-	f := &grpcFront{server: grpc.NewServer(), health: health.NewServer(), listener: l}
+	f := &grpcFront{server: grpc.NewServer(), health: health.NewServer(), listener: l,
+		stopWatch: make(chan struct{}), watched: make(chan struct{})}
 	a.registerServices(f)
 	a.grpc = f
-	a.closers = append(a.closers, func() error { f.server.Stop(); return nil })
+	// Stop closes only the listeners Serve was given: close this one too,
+	// should authlimit stop before serving.
+	a.closers = append(a.closers, func() error { f.stopWatching(); f.server.Stop(); _ = l.Close(); return nil })
 	return nil
+}
+
+// watchReadiness keeps the health service's overall status ("") in step
+// with /readyz: NOT_SERVING while the guard could answer nothing but
+// Unavailable (fail mode closed, every circuit open), SERVING otherwise.
+func (a *app) watchReadiness(f *grpcFront, ready func() (bool, string)) {
+	defer close(f.watched)
+	t := time.NewTicker(readinessInterval)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_SERVING
+		if ok, _ := ready(); !ok {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		f.health.SetServingStatus("", st)
+		select {
+		case <-f.stopWatch:
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // registerServices is the one place where services are put on the gRPC
@@ -136,6 +180,8 @@ func (a *app) serveGRPC() <-chan error {
 		return nil
 	}
 	a.log.Info("grpc serving", "listen", a.grpc.listener.Addr().String(), "rate_limit_service", a.rls != nil)
+	a.grpc.watching = true
+	go a.watchReadiness(a.grpc, a.guard.Ready)
 	served := make(chan error, 1)
 	go func() { served <- a.grpc.server.Serve(a.grpc.listener) }()
 	return served
@@ -150,6 +196,7 @@ func (a *app) stopGRPC(ctx context.Context) <-chan struct{} {
 		close(done)
 		return done
 	}
+	a.grpc.stopWatching() // so that Shutdown's NOT_SERVING is the last word
 	a.grpc.health.Shutdown()
 	graceful := make(chan struct{})
 	go func() { a.grpc.server.GracefulStop(); close(graceful) }()

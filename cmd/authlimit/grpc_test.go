@@ -276,3 +276,63 @@ func TestRLSBinary(t *testing.T) {
 		}
 	})
 }
+
+// TestGRPCHealthFollowsReadiness: with fail mode closed, the overall gRPC
+// health is NOT_SERVING while Redis's circuit is open, as /readyz is 503,
+// and SERVING again once Redis answers.
+func TestGRPCHealthFollowsReadiness(t *testing.T) {
+	srv := redistest.New(t)
+	if !srv.Owned {
+		t.Skip("needs a Redis server the test can stop")
+	}
+	s, err := loadConfig(map[string]string{
+		"AUTHLIMIT_REDIS_URL": srv.URL, "AUTHLIMIT_KEY_PREFIX": srv.Prefix(t), "AUTHLIMIT_FAIL_MODE": "closed",
+		"AUTHLIMIT_BREAKER_FAILURES": "1", "AUTHLIMIT_GRPC_LISTEN": "127.0.0.1:0", "AUTHLIMIT_RLS_CONFIG": writeFile(t, "rls.yaml", rlsConfig),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := newApp(context.Background(), s, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("newApp: %v", err)
+	}
+	defer a.close()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- a.serve(ctx, newListener(fasthttputil.NewInmemoryListener(), s.MaxHeaderBytes, a.accepted, serverTimeouts), 5*time.Second)
+	}()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	conn := grpcClient(t, a.grpc.listener.Addr().String())
+	health := healthpb.NewHealthClient(conn)
+	waitHealth := func(want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			h, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+			if err == nil && h.GetStatus() == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("health %v, %v; want %v", h, err, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitHealth(healthpb.HealthCheckResponse_SERVING)
+	srv.Stop(t)
+	// A decision that fails opens the circuit.
+	_, err = pb.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlpb.RateLimitDescriptor{
+		{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "key2", Value: "down"}}}}})
+	if status := fmt.Sprint(err); !strings.Contains(status, "Unavailable") {
+		t.Fatalf("ShouldRateLimit with Redis down: %v, want Unavailable", err)
+	}
+	waitHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	srv.Restart(t)
+	waitHealth(healthpb.HealthCheckResponse_SERVING)
+}
