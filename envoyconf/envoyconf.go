@@ -10,6 +10,7 @@
 package envoyconf
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -178,17 +179,18 @@ type wildcard struct {
 	parts []string
 }
 
-func (w *wildcard) match(s string) bool {
+func (w *wildcard) match(s []byte) bool {
 	p := w.parts
 	if len(p) == 1 {
-		return s == p[0]
+		return string(s) == p[0]
 	}
-	if !strings.HasPrefix(s, p[0]) || !strings.HasSuffix(s[len(p[0]):], p[len(p)-1]) {
+	first, last := p[0], p[len(p)-1]
+	if len(s) < len(first)+len(last) || string(s[:len(first)]) != first || string(s[len(s)-len(last):]) != last {
 		return false
 	}
-	s = s[len(p[0]) : len(s)-len(p[len(p)-1])]
+	s = s[len(first) : len(s)-len(last)]
 	for _, part := range p[1 : len(p)-1] {
-		i := strings.Index(s, part)
+		i := bytes.Index(s, []byte(part))
 		if i < 0 {
 			return false
 		}
@@ -246,9 +248,10 @@ func (c *Config) Match(domain string, entries []Entry, key []byte) ([]*Limit, []
 	start := len(key)
 	key = appendKeyStart(key, domain)
 	var found []*Limit
+	var scratch [128]byte
 	for i, e := range entries {
-		fk := e.Key + "_" + e.Value
-		next := n.children[fk]
+		fk := append(append(append(scratch[:0], e.Key...), '_'), e.Value...)
+		next := n.children[string(fk)]
 		if next == nil {
 			for j := range n.wildcards {
 				if w := &n.wildcards[j]; w.match(fk) {

@@ -348,3 +348,38 @@ func TestLoadDirectory(t *testing.T) {
 		t.Errorf("Load of an empty directory: %v", err)
 	}
 }
+
+func TestWildcardMatch(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, value string
+		want           bool
+	}{
+		{"k_value*", "k_value", true},
+		{"k_value*", "k_valueXYZ", true},
+		{"k_value*", "k_valu", false},
+		{"k_*", "k_", true},
+		{"k_a*a", "k_a", false}, // the prefix and the suffix may not overlap
+		{"k_a*a", "k_aa", true},
+		{"k_/api/*/action", "k_/api/1/action", true},
+		{"k_/api/*/action", "k_/api//action", true},
+		{"k_/api/*/action", "k_/api/1/other", false},
+		{"k_/a/*/r/*/x", "k_/a/1/r/2/x", true},
+		{"k_/a/*/r/*/x", "k_/a/1/x/2/r", false},
+		{"k_a**b", "k_ab", true},
+		{"k_a*b*c", "k_acb", false},
+	} {
+		w := wildcard{key: tc.pattern, parts: strings.Split(tc.pattern, "*")}
+		if got := w.match([]byte(tc.value)); got != tc.want {
+			t.Errorf("%q matches %q: %v, want %v", tc.pattern, tc.value, got, tc.want)
+		}
+	}
+}
+
+func TestMatchAllocates(t *testing.T) {
+	c := parse(t, messaging)
+	es := entries("message_type", "marketing", "to_number", "2061111111")
+	key := make([]byte, 0, 256)
+	if n := testing.AllocsPerRun(100, func() { c.Match("messaging", es, key[:0]) }); n != 0 {
+		t.Errorf("Match allocates %v times, want 0", n)
+	}
+}

@@ -127,7 +127,7 @@ func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateL
 		entries []envoyconf.Entry
 		denyAll = -1 // an enforcing limit of 0 per unit: the request is denied
 	)
-	replaced := map[string]bool{}
+	var replaced map[string]bool // made by the first replaces
 	for i, d := range r.GetDescriptors() {
 		if d == nil {
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d is null", i)
@@ -159,6 +159,9 @@ func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateL
 		cost := requestCost(r, d)
 		for _, l := range limits {
 			for _, name := range l.Replaces {
+				if replaced == nil {
+					replaced = map[string]bool{}
+				}
 				replaced[name] = true
 			}
 			a := applied{desc: i, limit: l, req: -1}
