@@ -102,7 +102,7 @@ func TestTwentyPerMinute(t *testing.T) {
 }
 
 func TestTwoDescriptorsAllOrNothing(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind storeKind) {
+	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, another)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
 		for i := 1; i <= 10; i++ {
@@ -186,7 +186,7 @@ descriptors:
 `
 
 func TestReplaces(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind storeKind) {
+	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, replaces)
 		awayFromWindowEdge(t, time.Minute, 20*time.Second)
 		two := func(foo, bar string) []*rlDesc { return []*rlDesc{desc("foo", foo, "bar", bar)} }

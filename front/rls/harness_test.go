@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -33,13 +35,22 @@ type env struct {
 type storeKind string
 
 const (
-	memoryStore storeKind = "memory"
-	redisStore  storeKind = "redis"
+	memoryStore  storeKind = "memory"
+	redisStore   storeKind = "redis"
+	clusterStore storeKind = "redis_cluster"
 )
 
 // eachStore runs f against the memory store and against a real Redis.
 func eachStore(t *testing.T, f func(t *testing.T, kind storeKind)) {
 	for _, k := range []storeKind{memoryStore, redisStore} {
+		t.Run(string(k), func(t *testing.T) { f(t, k) })
+	}
+}
+
+// eachStoreAndCluster runs f against the memory store, a real Redis and a
+// Redis Cluster, where a request's descriptors land in different slots.
+func eachStoreAndCluster(t *testing.T, f func(t *testing.T, kind storeKind)) {
+	for _, k := range []storeKind{memoryStore, redisStore, clusterStore} {
 		t.Run(string(k), func(t *testing.T) { f(t, k) })
 	}
 }
@@ -85,6 +96,13 @@ func startWith(t *testing.T, kind storeKind, mode guard.FailMode, files ...strin
 	case redisStore:
 		e.redis = redistest.New(t)
 		rs := algo.NewRedis(e.redis.Client(t), algo.RedisOptions{Prefix: e.redis.Prefix(t), Timeout: 2 * time.Second})
+		t.Cleanup(func() { _ = rs.Close() })
+		opts.Store, opts.Remote = rs, true
+	case clusterStore:
+		c := redistest.NewCluster(t)
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+		t.Cleanup(func() { _ = client.Close() })
+		rs := algo.NewRedis(client, algo.RedisOptions{Prefix: "rls" + strconv.FormatInt(time.Now().UnixNano(), 36), Timeout: 2 * time.Second})
 		t.Cleanup(func() { _ = rs.Close() })
 		opts.Store, opts.Remote = rs, true
 	}
