@@ -35,6 +35,19 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: 20
+  - key: key3
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: ldap
+    rate_limit: {unlimited: true}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: hour, requests_per_unit: 3}
 `
 
 func writeFile(t *testing.T, name, data string) string {
@@ -79,7 +92,7 @@ func TestGRPCConfigErrors(t *testing.T) {
 	if err := run(context.Background(), []string{"-check"}, []string{"AUTHLIMIT_RLS_CONFIG=" + good, "AUTHLIMIT_GRPC_LISTEN=127.0.0.1:8081"}, &out, io.Discard); err != nil {
 		t.Fatalf("-check: %v", err)
 	}
-	for _, w := range []string{"grpc             127.0.0.1:8081 (health, ShouldRateLimit)", "rls config       " + good + ": 1 domains (another), 1 limits"} {
+	for _, w := range []string{"grpc             127.0.0.1:8081 (health, ShouldRateLimit)", "rls config       " + good + ": 1 domains (another), 6 limits"} {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("-check output lacks %q:\n%s", w, out.String())
 		}
@@ -192,6 +205,61 @@ func TestRLSServed(t *testing.T) {
 	})
 }
 
+// moreContract asserts, in one window, what envoyproxy/ratelimit's users
+// rely on besides a plain limit.
+func moreContract(t *testing.T, c pb.RateLimitServiceClient, id string) {
+	t.Helper()
+	ask := func(hits uint32, kv ...string) *pb.RateLimitResponse {
+		t.Helper()
+		req := &pb.RateLimitRequest{Domain: "another", HitsAddend: hits}
+		for i := 0; i+1 < len(kv); i += 2 {
+			req.Descriptors = append(req.Descriptors, &rlpb.RateLimitDescriptor{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: kv[i], Value: kv[i+1]}}})
+		}
+		r, err := c.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatalf("ShouldRateLimit(%v): %v", kv, err)
+		}
+		return r
+	}
+	codes := func(r *pb.RateLimitResponse) string {
+		s := r.GetOverallCode().String()
+		for _, st := range r.GetStatuses() {
+			s += fmt.Sprintf(" %s/%d", st.GetCode(), st.GetLimitRemaining())
+		}
+		return s
+	}
+	for _, step := range []struct {
+		hits uint32
+		kv   []string
+		want string
+	}{
+		// Two descriptors, all or nothing: key3 is used up, key2 counts
+		// nothing (a fresh key2 value has 20).
+		{0, []string{"key2", id + "x", "key3", id}, "OK OK/19 OK/1"},
+		{0, []string{"key2", id + "x", "key3", id}, "OK OK/18 OK/0"},
+		{0, []string{"key2", id + "x", "key3", id}, "OVER_LIMIT OK/18 OVER_LIMIT/0"},
+		{0, []string{"key2", id + "x"}, "OK OK/17"},
+		// hits_addend.
+		{5, []string{"key2", id + "h"}, "OK OK/15"},
+		// Shadow: never over the limit.
+		{0, []string{"shadow", id}, "OK OK/0"},
+		{0, []string{"shadow", id}, "OK OK/0"},
+		// Unlimited.
+		{0, []string{"ldap", id}, "OK OK/4294967295"},
+		// 0 per unit denies.
+		{0, []string{"remote_address", "50.0.0.5"}, "OVER_LIMIT OVER_LIMIT/0"},
+		// Wildcard: each value its own counter.
+		{0, []string{"path", "/api/" + id}, "OK OK/2"},
+		{0, []string{"path", "/api/" + id + "2"}, "OK OK/2"},
+		// Unknown descriptor.
+		{0, []string{"nope", id}, "OK OK/0"},
+	} {
+		if got := codes(ask(step.hits, step.kv...)); got != step.want {
+			t.Fatalf("%v (hits %d): %s, want %s", step.kv, step.hits, got, step.want)
+		}
+	}
+}
+
 // TestRLSBinary runs the built authlimit with the rate-limit service, on
 // both stores, and stops it with SIGTERM.
 func TestRLSBinary(t *testing.T) {
@@ -260,7 +328,10 @@ func TestRLSBinary(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		twentyPerMinute(t, pb.NewRateLimitServiceClient(conn), fmt.Sprintf("binary-%d", time.Now().UnixNano()))
+		rc := pb.NewRateLimitServiceClient(conn)
+		id := fmt.Sprintf("binary-%d", time.Now().UnixNano())
+		twentyPerMinute(t, rc, id)
+		moreContract(t, rc, id)
 
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
