@@ -383,3 +383,37 @@ func TestMatchAllocates(t *testing.T) {
 		t.Errorf("Match allocates %v times, want 0", n)
 	}
 }
+
+// TestAnchors: YAML anchors, aliases and merge keys work as they do in
+// envoyproxy/ratelimit, which reads its files with a YAML library.
+func TestAnchors(t *testing.T) {
+	c := parse(t, `
+domain: anchors
+descriptors:
+  - key: a
+    rate_limit: &per_minute {unit: minute, requests_per_unit: 7}
+  - key: b
+    rate_limit: *per_minute
+  - key: c
+    rate_limit:
+      <<: *per_minute
+      requests_per_unit: 8
+  - &shared
+    key: d
+    rate_limit: {unit: hour, requests_per_unit: 9}
+`)
+	for _, tc := range []struct{ key, want string }{
+		{"a", "anchors.a 7/minute"},
+		{"b", "anchors.b 7/minute"},
+		{"c", "anchors.c 8/minute"},
+		{"d", "anchors.d 9/hour"},
+	} {
+		if ls, _ := c.Match("anchors", entries(tc.key, "x"), nil); describe(ls) != tc.want {
+			t.Errorf("%s: %q, want %q", tc.key, describe(ls), tc.want)
+		}
+	}
+	_, err := Parse([]File{{Name: "f.yaml", Data: []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      <<: {unit: second, requests_pr_unit: 1}\n")}})
+	if want := `f.yaml:5: domain "a": descriptor "k": rate_limit.requests_pr_unit: unknown field (did you mean "requests_per_unit"?)`; err == nil || err.Error() != want {
+		t.Errorf("a misspelt merged field: %v, want %s", err, want)
+	}
+}

@@ -163,7 +163,7 @@ func (p *parser) file(f File) {
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-		root = root.Content[0]
+		root = deref(root.Content[0])
 	}
 	if root.Kind != yaml.MappingNode {
 		p.fail(root, "", "", "want a mapping with domain and descriptors")
@@ -204,23 +204,27 @@ func (p *parser) file(f File) {
 func lookup(m *yaml.Node, key string) *yaml.Node {
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		if m.Content[i].Kind == yaml.ScalarNode && m.Content[i].Value == key {
-			return m.Content[i+1]
+			return deref(m.Content[i+1])
 		}
 	}
 	return nil
 }
 
 // fields checks a mapping's keys against the known ones and returns the
-// values by key.
+// values by key, aliases resolved. A merge key (<<: *anchor) adds the
+// fields of the mappings it names that the mapping does not set itself.
 func (p *parser) fields(m *yaml.Node, path, prefix string, known []string) map[string]*yaml.Node {
 	out := map[string]*yaml.Node{}
+	var merges []*yaml.Node
 	for i := 0; i+1 < len(m.Content); i += 2 {
-		k, v := m.Content[i], m.Content[i+1]
+		k, v := m.Content[i], deref(m.Content[i+1])
 		if k.Kind != yaml.ScalarNode {
 			p.fail(k, path, prefix, "a key that is not a string")
 			continue
 		}
 		switch {
+		case k.Tag == "!!merge":
+			merges = append(merges, v)
 		case !contains(known, k.Value):
 			if hint := suggest(k.Value, known); hint != "" {
 				p.fail(k, path, prefix+k.Value, "unknown field%s", hint)
@@ -233,7 +237,32 @@ func (p *parser) fields(m *yaml.Node, path, prefix string, known []string) map[s
 			out[k.Value] = v
 		}
 	}
+	for _, v := range merges {
+		srcs := []*yaml.Node{v}
+		if v.Kind == yaml.SequenceNode {
+			srcs = v.Content
+		}
+		for _, src := range srcs {
+			if src = deref(src); src.Kind != yaml.MappingNode {
+				p.fail(src, path, prefix+"<<", "a merge takes a mapping or a list of mappings")
+				continue
+			}
+			for k, v := range p.fields(src, path, prefix, known) {
+				if out[k] == nil {
+					out[k] = v
+				}
+			}
+		}
+	}
 	return out
+}
+
+// deref resolves an alias (*anchor) to the node it names.
+func deref(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	return n
 }
 
 func (p *parser) descriptors(parent *node, list *yaml.Node, path []string) {
@@ -246,7 +275,7 @@ func (p *parser) descriptors(parent *node, list *yaml.Node, path []string) {
 		return
 	}
 	for _, d := range list.Content {
-		p.descriptor(parent, d, path)
+		p.descriptor(parent, deref(d), path)
 	}
 }
 
@@ -345,6 +374,7 @@ func (p *parser) rateLimit(n *node, rn *yaml.Node, path []string, shadow bool) {
 			bad = true
 		}
 		for _, r := range rl.Content {
+			r = deref(r)
 			if r.Kind != yaml.MappingNode {
 				p.fail(r, at, "rate_limit.replaces", "want {name: ...}")
 				bad = true
