@@ -528,3 +528,52 @@ descriptors:
 		check(t, "bucket empty", e.ask(t, "api", desc("user", "u")), over, st{over, "100/hour", 0})
 	})
 }
+
+func TestMetrics(t *testing.T) {
+	e := start(t, memoryStore, another, `
+domain: s
+descriptors:
+  - {key: k, shadow_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
+`)
+	awayFromWindowEdge(t, time.Minute, 15*time.Second)
+	for i := 0; i < 21; i++ {
+		e.ask(t, "another", desc("key2", "m"))
+	}
+	e.ask(t, "s", desc("k", "m"))
+	e.ask(t, "s", desc("k", "m"))
+	e.ask(t, "another", withOverride(desc("key2", "m"), 1, typepb.RateLimitUnit_HOUR))
+	e.ask(t, "another", withOverride(desc("key2", "m"), 2, typepb.RateLimitUnit_HOUR))
+	_, _ = e.client.ShouldRateLimit(t.Context(), &pb.RateLimitRequest{})
+	got := map[string]float64{}
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "authlimit_rls_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			got[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = m.GetCounter().GetValue()
+		}
+	}
+	key2, shadow := e.svc.config.Policies()[0].Name(), e.svc.config.Policies()[3].Name()
+	for k, v := range map[string]float64{
+		"authlimit_rls_requests_total{result=ok}":                                    24,
+		"authlimit_rls_requests_total{result=over_limit}":                            1,
+		"authlimit_rls_requests_total{result=invalid}":                               1,
+		"authlimit_rls_decisions_total{outcome=allowed,policy=" + key2 + "}":         20,
+		"authlimit_rls_decisions_total{outcome=denied,policy=" + key2 + "}":          1,
+		"authlimit_rls_decisions_total{outcome=allowed,policy=" + shadow + "}":       1,
+		"authlimit_rls_decisions_total{outcome=shadow_denied,policy=" + shadow + "}": 1,
+		"authlimit_rls_decisions_total{outcome=allowed,policy=override}":             2,
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}
