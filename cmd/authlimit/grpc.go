@@ -114,7 +114,10 @@ func (a *app) newFronts(s *settings, g *guard.Guard, reg prometheus.Registerer) 
 	}
 	f := &grpcFront{server: grpc.NewServer(), health: health.NewServer(), listener: l,
 		stopWatch: make(chan struct{}), watched: make(chan struct{})}
-	a.registerServices(f)
+	if err := a.registerServices(f.server, f.health, s); err != nil {
+		_ = l.Close()
+		return err
+	}
 	a.grpc = f
 	// Stop closes only the listeners Serve was given: close this one too,
 	// should authlimit stop before serving.
@@ -144,17 +147,18 @@ func (a *app) watchReadiness(f *grpcFront, ready func() (bool, string)) {
 }
 
 // registerServices is the one place where services are put on the gRPC
-// server: every service registers here, and the health service reports
-// each as serving.
-func (a *app) registerServices(f *grpcFront) {
-	healthpb.RegisterHealthServer(f.server, f.health)
+// server: every service registers here (a registration that fails stops
+// authlimit at start), and the health service reports each as serving.
+func (a *app) registerServices(g *grpc.Server, h *health.Server, s *settings) error {
+	healthpb.RegisterHealthServer(g, h)
 	if a.rls != nil {
-		a.rls.Register(f.server)
+		a.rls.Register(g)
 	}
-	for name := range f.server.GetServiceInfo() {
-		f.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	for name := range g.GetServiceInfo() {
+		h.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
-	f.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	return nil
 }
 
 // httpRoutes adds POST /json, envoyproxy/ratelimit's HTTP form of
