@@ -154,6 +154,8 @@ func (a *app) registerServices(g *grpc.Server, h *health.Server, s *settings) er
 	if a.rls != nil {
 		a.rls.Register(g)
 	}
+	// Register further services above: each one registered is reported
+	// serving here.
 	for name := range g.GetServiceInfo() {
 		h.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
