@@ -482,6 +482,14 @@ func TestEnvoyRateLimitFile(t *testing.T) {
 		}
 	}
 	walk("", conf.Descriptors)
+	// authlimit itself loads it, as the README's migration says.
+	out := check(t, map[string]string{
+		"AUTHLIMIT_RLS_CONFIG":  filepath.Join(repoRoot(t), "envoy/ratelimit.yaml"),
+		"AUTHLIMIT_GRPC_LISTEN": "127.0.0.1:0",
+	})
+	if want := "(" + rl.GetDomain() + ")"; !strings.Contains(out, want) {
+		t.Errorf("authlimit -check with AUTHLIMIT_RLS_CONFIG=envoy/ratelimit.yaml does not name the domain %s:\n%s", want, out)
+	}
 
 	// Each descriptor the route's actions build, from a request with
 	// X-Api-Key to /login, reaches a limit.

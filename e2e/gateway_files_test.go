@@ -144,9 +144,6 @@ func TestEnvoyAuthlimitDeployment(t *testing.T) {
 	for k, v := range a.env {
 		env[k] = v
 	}
-	// authlimit's gRPC server is checked against the Service below;
-	// -check here reads the rest of the environment.
-	delete(env, "AUTHLIMIT_GRPC_LISTEN")
 	out := check(t, env)
 	if !strings.Contains(out, "deny status      429") {
 		t.Errorf("authlimit for Envoy must keep its 429 (Envoy relays any status):\n%s", out)

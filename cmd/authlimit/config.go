@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
 )
@@ -76,6 +77,8 @@ type config struct {
 	LogLevel              string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat             string        `env:"LOG_FORMAT" envDefault:"json"`
 	PprofListen           string        `env:"PPROF_LISTEN"`
+	GRPCListen            string        `env:"GRPC_LISTEN"`
+	RLSConfig             string        `env:"RLS_CONFIG"`
 }
 
 // defaultConfig holds the defaults that belong to the packages authlimit
@@ -103,6 +106,7 @@ type settings struct {
 	// setups, each naming the variable: -check prints them and the start
 	// logs them.
 	warnings []string
+	rls      *envoyconf.Config // nil: no rate-limit service
 }
 
 // ConfigError is one configuration mistake: the variable and what is wrong.
@@ -189,6 +193,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	}
 
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
+	grpcSettings(&c, s, problem)
 
 	if _, set := environ[envPrefix+"RULES"]; !set {
 		c.Rules, s.defaultRules = rules.Default, true
@@ -670,6 +675,7 @@ func (s *settings) describe() string {
 	}
 	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
+	s.describeRLS(w)
 	suffix := ""
 	if s.defaultRules {
 		suffix = " (AUTHLIMIT_RULES unset: the default rule)"

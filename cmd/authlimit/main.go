@@ -31,6 +31,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/rules"
@@ -127,6 +128,11 @@ type app struct {
 	// stopping is closed when shutdown begins: it ends the holds of shaped
 	// requests (see hold).
 	stopping chan struct{}
+	// rls answers ShouldRateLimit and POST /json; nil without
+	// AUTHLIMIT_RLS_CONFIG. grpc serves gRPC; nil without
+	// AUTHLIMIT_GRPC_LISTEN.
+	rls  *rls.Service
+	grpc *grpcFront
 }
 
 // hold holds a shaped request for d, or until shutdown begins. A shaped
@@ -149,9 +155,12 @@ func (a *app) hold(d time.Duration) {
 func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) error {
 	served := make(chan error, 1)
 	go func() { served <- a.server.Serve(l) }()
+	grpcServed := a.serveGRPC()
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)
+	case err := <-grpcServed:
+		return grpcServeError(err)
 	case <-ctx.Done():
 	}
 	a.log.Info("shutting down", "timeout", timeout.String())
@@ -164,7 +173,10 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	// but counts a new one as busy from its accept: one that never sends
 	// a byte would hold the shutdown until its read timeout.
 	l.closeSilent()
-	if err := a.server.ShutdownWithContext(sctx); err != nil {
+	grpcStopped := a.stopGRPC(sctx)
+	err := a.server.ShutdownWithContext(sctx)
+	<-grpcStopped
+	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
@@ -203,6 +215,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	for _, r := range s.rules {
 		policies = append(policies, r.Policy)
 	}
+	policies = append(policies, s.rlsPolicies()...)
 	gopts := guard.Options{
 		FailMode:          s.failMode,
 		Policies:          policies,
@@ -304,8 +317,12 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.handler = h
+	if err := a.newFronts(s, g, reg); err != nil {
+		a.close()
+		return nil, err
+	}
 	a.server = &fasthttp.Server{
-		Handler:               a.serveHTTP,
+		Handler:               a.httpRoutes(a.serveHTTP),
 		Name:                  "authlimit",
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,

@@ -1,0 +1,223 @@
+package rls
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/authlimit/authlimit/guard"
+)
+
+// rawCodec sends bytes as they are, as the proto codec's name, so that the
+// server reads them as a protobuf.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*v.(*[]byte) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+func TestBadInput(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind storeKind) {
+		e := start(t, kind, another, `
+domain: twice
+descriptors:
+  - {key: k, rate_limit: {unit: minute, requests_per_unit: 5}}
+  - {key: k, rate_limit: {unit: hour, requests_per_unit: 50}}
+`)
+		awayFromWindowEdge(t, time.Minute, 15*time.Second)
+		many := func(n int) []*rlDesc {
+			var ds []*rlDesc
+			for i := 0; i < n; i++ {
+				ds = append(ds, desc("key2", "bad"))
+			}
+			return ds
+		}
+		longEntries := desc()
+		for i := 0; i < MaxEntries+1; i++ {
+			longEntries.Entries = append(longEntries.Entries, desc("key2", "bad").Entries[0])
+		}
+		for _, tc := range []struct {
+			name string
+			req  *pb.RateLimitRequest
+			code codes.Code
+			msg  string
+		}{
+			{"empty domain", &pb.RateLimitRequest{Descriptors: many(1)}, codes.InvalidArgument, "rate limit domain must not be empty"},
+			{"no descriptors", &pb.RateLimitRequest{Domain: "another"}, codes.InvalidArgument, "rate limit descriptor list must not be empty"},
+			{"too many descriptors", &pb.RateLimitRequest{Domain: "another", Descriptors: many(MaxDescriptors + 1)}, codes.InvalidArgument, "65 descriptors; the most is 64"},
+			{"too many entries", &pb.RateLimitRequest{Domain: "another", Descriptors: append(many(1), longEntries)}, codes.InvalidArgument, "descriptor 1 has 65 entries; the most is 64"},
+			{"too many limits", &pb.RateLimitRequest{Domain: "twice", Descriptors: append(many(1), func() []*rlDesc {
+				var ds []*rlDesc
+				for i := 0; i < 33; i++ {
+					ds = append(ds, desc("k", "v"))
+				}
+				return ds
+			}()...)}, codes.InvalidArgument, "66 limits apply to the request; the most is 64"},
+			{"override without unit", &pb.RateLimitRequest{Domain: "another", Descriptors: append(many(1), withOverride(desc("key2", "bad"), 5, typepb.RateLimitUnit_UNKNOWN))}, codes.InvalidArgument, "descriptor 1: override: 0 is not a unit"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				_, err := e.client.ShouldRateLimit(context.Background(), tc.req)
+				if s := status.Convert(err); s.Code() != tc.code || s.Message() != tc.msg {
+					t.Fatalf("ShouldRateLimit: %v %q, want %v %q", s.Code(), s.Message(), tc.code, tc.msg)
+				}
+			})
+		}
+		for _, tc := range []struct {
+			name string
+			raw  []byte
+			code codes.Code
+			msg  string
+		}{
+			{"garbage", []byte{0xff, 0xff, 0xff, 0xff, 0xff}, codes.Internal, "unmarshal"},
+			{"truncated", []byte{0x0a, 0x10, 'a', 'n'}, codes.Internal, "unmarshal"},
+			{"domain not UTF-8", []byte{0x0a, 0x02, 0xff, 0xfe, 0x12, 0x00}, codes.Internal, "unmarshal"},
+			// A field of another wire type is an unknown field: the
+			// request has no domain.
+			{"wrong wire type", []byte{0x0d, 0x01, 0x02, 0x03, 0x04}, codes.InvalidArgument, "rate limit domain must not be empty"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var out []byte
+				err := e.conn.Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &tc.raw, &out, grpc.ForceCodec(rawCodec{}))
+				if s := status.Convert(err); s.Code() != tc.code || !strings.Contains(s.Message(), tc.msg) {
+					t.Fatalf("malformed request: %v %q, want %v %q", s.Code(), s.Message(), tc.code, tc.msg)
+				}
+			})
+		}
+		// Nothing above was counted.
+		check(t, "after the bad requests", e.ask(t, "another", desc("key2", "bad")), ok, st{ok, "20/minute", 19})
+
+		// Values of any bytes and length are counted apart.
+		long := strings.Repeat("\x00é\x7f", 100_000)
+		check(t, "long value", e.ask(t, "another", desc("key2", long+"1")), ok, st{ok, "20/minute", 19})
+		check(t, "long value, one byte apart", e.ask(t, "another", desc("key2", long+"2")), ok, st{ok, "20/minute", 19})
+		check(t, "long value again", e.ask(t, "another", desc("key2", long+"1")), ok, st{ok, "20/minute", 18})
+		check(t, "empty value", e.ask(t, "another", desc("key2", "")), ok, st{ok, "20/minute", 19})
+		check(t, "long unknown domain", e.ask(t, strings.Repeat("d", 1<<20), desc("key2", "x")), ok, st{ok, "", 0})
+		check(t, "descriptor without entries", e.ask(t, "another", desc()), ok, st{ok, "", 0})
+	})
+}
+
+func TestStoreDown(t *testing.T) {
+	for _, tc := range []struct {
+		mode guard.FailMode
+		code codes.Code
+	}{
+		{guard.FailClosed, codes.Unavailable},
+		{guard.FailOpen, codes.OK},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			e := startWith(t, redisStore, tc.mode, another)
+			check(t, "before", e.ask(t, "another", desc("key2", "down")), ok, st{ok, "20/minute", 19})
+			e.redis.Stop(t)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				r, err := e.client.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlDesc{desc("key2", "down")}})
+				if status.Code(err) == tc.code {
+					if tc.code == codes.OK {
+						check(t, "failed open", r, ok, st{ok, "", 0})
+					}
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("store down, fail mode %v: %v, %v; want %v", tc.mode, r, err, tc.code)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}
+
+func TestJSON(t *testing.T) {
+	e := start(t, memoryStore, `
+domain: j
+descriptors:
+  - {key: k, rate_limit: {unit: minute, requests_per_unit: 1}}
+`)
+	awayFromWindowEdge(t, time.Minute, 15*time.Second)
+	ln := fasthttputil.NewInmemoryListener()
+	srv := &fasthttp.Server{Handler: e.svc.ServeJSON}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	c := &fasthttp.Client{Dial: func(string) (net.Conn, error) { return ln.Dial() }}
+	post := func(method, body string) (int, string) {
+		t.Helper()
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI("http://authlimit/json")
+		req.Header.SetMethod(method)
+		req.SetBodyString(body)
+		if err := c.Do(req, resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode(), string(resp.Body())
+	}
+	type answer struct {
+		OverallCode string `json:"overallCode"`
+		Statuses    []struct {
+			Code         string `json:"code"`
+			CurrentLimit struct {
+				RequestsPerUnit int
+				Unit            string
+			}
+			LimitRemaining int `json:"limitRemaining"`
+		} `json:"statuses"`
+	}
+	body := `{"domain": "j", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
+	code, b := post("POST", body)
+	var a answer
+	if err := json.Unmarshal([]byte(b), &a); err != nil || code != 200 || a.OverallCode != "OK" || a.Statuses[0].CurrentLimit.RequestsPerUnit != 1 || a.Statuses[0].CurrentLimit.Unit != "MINUTE" {
+		t.Fatalf("first: %d %s (%v)", code, b, err)
+	}
+	code, b = post("POST", body)
+	if err := json.Unmarshal([]byte(b), &a); err != nil || code != 429 || a.OverallCode != "OVER_LIMIT" || a.Statuses[0].Code != "OVER_LIMIT" {
+		t.Fatalf("second: %d %s (%v)", code, b, err)
+	}
+	for _, tc := range []struct {
+		name, method, body string
+		code               int
+	}{
+		{"not JSON", "POST", "{", 400},
+		{"unknown field", "POST", `{"domain": "j", "descriptor": []}`, 400},
+		{"empty domain", "POST", `{"descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`, 400},
+		{"GET", "GET", "", 405},
+	} {
+		if code, b := post(tc.method, tc.body); code != tc.code {
+			t.Errorf("%s: %d %q, want %d", tc.name, code, b, tc.code)
+		}
+	}
+}
+
+// TestCallerDeadlineDoesNotTripTheBreaker: a caller whose deadline has
+// passed still gets the store's decision, and the store's circuit (opened
+// here by a single failure) stays closed.
+func TestCallerDeadlineDoesNotTripTheBreaker(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind storeKind) {
+		e := start(t, kind, another)
+		awayFromWindowEdge(t, time.Minute, 15*time.Second)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		for i := 1; i <= 3; i++ {
+			r, err := e.svc.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlDesc{desc("key2", "hurry")}})
+			if err != nil {
+				t.Fatalf("cancelled caller %d: %v", i, err)
+			}
+			check(t, "cancelled caller", r, ok, st{ok, "20/minute", uint32(20 - i)})
+		}
+		check(t, "after", e.ask(t, "another", desc("key2", "hurry")), ok, st{ok, "20/minute", 16})
+	})
+}
