@@ -30,6 +30,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/rules"
@@ -111,8 +112,10 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	return a.serve(ctx, newListener(l, s.MaxHeaderBytes, a.accepted, serverTimeouts), s.ShutdownTimeout)
 }
 
-// app is a configured authlimit: the handler, its server and its stores.
+// app is a configured authlimit: the engine, the fronts, their servers and
+// the stores.
 type app struct {
+	engine  *decide.Engine
 	handler *handler.Handler
 	guard   *guard.Guard
 	server  *fasthttp.Server
@@ -148,8 +151,9 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	return nil
 }
 
-// newApp builds the stores, the guard, the handler and the server from
-// settings, and gets a Redis store ready: scripts loaded, connections open.
+// newApp builds the stores, the guard, the engine, the handler and the
+// server from settings, and gets a Redis store ready: scripts loaded,
+// connections open.
 // A Redis that does not answer leaves authlimit deciding with the fail mode
 // until it does; one that refuses authlimit's credentials or certificate
 // is a configuration mistake.
@@ -244,23 +248,32 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		}
 		log.Warn("redis not ready at start; deciding with the fail mode until it answers", "err", msg, "fail_mode", s.failMode.String())
 	}
+	e, err := decide.New(decide.Options{
+		Rules:      s.rules,
+		Decider:    g,
+		AllowCIDRs: s.allow,
+		BlockCIDRs: s.block,
+		IPv4Prefix: s.IPv4Prefix,
+		IPv6Prefix: s.IPv6Prefix,
+		DenyStatus: s.DenyStatus,
+		Shadow:     s.Shadow,
+		Registry:   reg,
+		Logger:     log,
+	})
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.engine = e
 	h, err := handler.New(handler.Options{
-		Rules:        s.rules,
-		Decider:      g,
+		Engine:       e,
 		Ready:        g,
 		Proxies:      rules.Proxies{Trusted: s.trusted},
-		AllowCIDRs:   s.allow,
-		BlockCIDRs:   s.block,
-		IPv4Prefix:   s.IPv4Prefix,
-		IPv6Prefix:   s.IPv6Prefix,
-		DenyStatus:   s.DenyStatus,
-		Shadow:       s.Shadow,
 		MethodHeader: s.MethodHeader,
 		URIHeader:    s.URIHeader,
 		HostHeader:   s.HostHeader,
 		URLHeader:    s.URLHeader,
 		Registry:     reg,
-		Logger:       log,
 	})
 	if err != nil {
 		a.close()

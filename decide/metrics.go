@@ -1,4 +1,4 @@
-package handler
+package decide
 
 import (
 	"fmt"
@@ -8,14 +8,39 @@ import (
 	"github.com/authlimit/authlimit/rules"
 )
 
-// metrics are the handler's Prometheus metrics, each bound to its labels
+// ruleSet is a rule set as the engine decides it, never modified once
+// built: the rules, what the headers and the problem say of each, and each
+// rule's metrics bound to its labels.
+type ruleSet struct {
+	rules   []*rules.Rule
+	policy  [][]byte      // rules[i]'s RateLimit-Policy item
+	names   [][]byte      // rules[i]'s name, quoted
+	metrics []ruleMetrics // rules[i]'s decision counters
+}
+
+func newRuleSet(rs []*rules.Rule, m *metrics) *ruleSet {
+	set := &ruleSet{rules: rs}
+	for _, r := range rs {
+		s := r.Policy.Spec()
+		set.policy = append(set.policy, []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, r.Name, s.Limit, ceilSeconds(s.Window, 1))))
+		set.names = append(set.names, []byte(`"`+r.Name+`"`))
+		set.metrics = append(set.metrics, ruleMetrics{
+			allowed:      m.decisions.WithLabelValues(r.Name, "allowed"),
+			denied:       m.decisions.WithLabelValues(r.Name, "denied"),
+			shadowDenied: m.decisions.WithLabelValues(r.Name, "shadow_denied"),
+		})
+	}
+	return set
+}
+
+// metrics are the engine's Prometheus metrics, each bound to its labels
 // once, so that a request looks nothing up. Labels are bounded: rule names
 // come from configuration, every other label from a fixed set; nothing is
 // labelled by key or client.
 type metrics struct {
 	allowed, denied, unmatched, allowlisted, blocked prometheus.Counter
 	invalid, unavailable, errors                     prometheus.Counter
-	decisions                                        []ruleMetrics // by rule
+	decisions                                        *prometheus.CounterVec
 	delay                                            prometheus.Histogram
 }
 
@@ -23,7 +48,7 @@ type ruleMetrics struct {
 	allowed, denied, shadowDenied prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, rs []*rules.Rule) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_requests_total",
 		Help: "Auth requests by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
@@ -39,10 +64,10 @@ func newMetrics(reg prometheus.Registerer, rs []*rules.Rule) (*metrics, error) {
 	})
 	for _, c := range []prometheus.Collector{requests, decisions, delay} {
 		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("handler metrics: %w", err)
+			return nil, fmt.Errorf("decide metrics: %w", err)
 		}
 	}
-	m := &metrics{
+	return &metrics{
 		allowed:     requests.WithLabelValues("allowed"),
 		denied:      requests.WithLabelValues("denied"),
 		unmatched:   requests.WithLabelValues("unmatched"),
@@ -51,14 +76,7 @@ func newMetrics(reg prometheus.Registerer, rs []*rules.Rule) (*metrics, error) {
 		invalid:     requests.WithLabelValues("invalid"),
 		unavailable: requests.WithLabelValues("unavailable"),
 		errors:      requests.WithLabelValues("error"),
+		decisions:   decisions,
 		delay:       delay,
-	}
-	for _, r := range rs {
-		m.decisions = append(m.decisions, ruleMetrics{
-			allowed:      decisions.WithLabelValues(r.Name, "allowed"),
-			denied:       decisions.WithLabelValues(r.Name, "denied"),
-			shadowDenied: decisions.WithLabelValues(r.Name, "shadow_denied"),
-		})
-	}
-	return m, nil
+	}, nil
 }

@@ -1,0 +1,360 @@
+// Package decide is authlimit's one decision engine. Every front (the HTTP
+// /auth endpoint, Envoy's ext_authz Check) reads its request into an Input,
+// asks an Engine, and writes the Outcome in its own wire format. The engine
+// screens the client against the allow and block lists, applies the rules
+// (matching, keys, costs, missing and repeated headers, shadow), asks a
+// Decider for one atomic decision, maps its errors to the fail modes, counts
+// the metrics, and works out once what the rate-limit headers and the
+// problem body say. On the request path it allocates nothing.
+//
+// The rules are an immutable set behind an atomic pointer: SetRules swaps
+// the whole set, and a request decides under the set it started with.
+package decide
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/guard"
+	"github.com/authlimit/authlimit/rules"
+)
+
+// Decider decides the policies of one request atomically: a guard.Guard, or
+// a store. guard.ErrFailedOpen and guard.ErrUnavailable are answers too.
+type Decider interface {
+	Decide(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error)
+}
+
+// Options configure an Engine. The caller gives every value; the defaults
+// live with the configuration that reads them.
+type Options struct {
+	// Rules are the rules, in order: 1 to algo.MaxRules of them.
+	Rules []*rules.Rule
+	// Decider decides. Required.
+	Decider Decider
+	// AllowCIDRs are never limited; BlockCIDRs are always denied.
+	AllowCIDRs, BlockCIDRs []netip.Prefix
+	// IPv4Prefix and IPv6Prefix group addresses for the ip key part.
+	IPv4Prefix, IPv6Prefix int
+	// DenyStatus is the status of a denial, 400 to 599.
+	DenyStatus int
+	// Shadow makes every rule a shadow rule: nothing is denied.
+	Shadow bool
+	// Registry receives the metrics. Default: a new registry.
+	Registry prometheus.Registerer
+	// Logger logs failed decisions. Default: discard.
+	Logger *slog.Logger
+	// Clock returns the current time. Default time.Now.
+	Clock func() time.Time
+}
+
+// Engine decides requests. Build it with New; it is safe for concurrent
+// use.
+type Engine struct {
+	set          atomic.Pointer[ruleSet]
+	decider      Decider
+	allow, block []netip.Prefix
+	v4, v6       int
+	denyStatus   int
+	shadow       bool
+	metrics      *metrics
+	log          *slog.Logger
+	clock        func() time.Time
+}
+
+// New validates opts and returns an Engine.
+func New(opts Options) (*Engine, error) {
+	var errs []error
+	if opts.Decider == nil {
+		errs = append(errs, errors.New("decide: no decider"))
+	}
+	if err := checkRules(opts.Rules); err != nil {
+		errs = append(errs, err)
+	}
+	if opts.DenyStatus < 400 || opts.DenyStatus > 599 {
+		errs = append(errs, fmt.Errorf("decide: deny status %d is not 4xx or 5xx", opts.DenyStatus))
+	}
+	if opts.IPv4Prefix < 1 || opts.IPv4Prefix > 32 || opts.IPv6Prefix < 1 || opts.IPv6Prefix > 128 {
+		errs = append(errs, fmt.Errorf("decide: IP prefixes /%d and /%d are out of range", opts.IPv4Prefix, opts.IPv6Prefix))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	m, err := newMetrics(opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		decider:    opts.Decider,
+		allow:      opts.AllowCIDRs,
+		block:      opts.BlockCIDRs,
+		v4:         opts.IPv4Prefix,
+		v6:         opts.IPv6Prefix,
+		denyStatus: opts.DenyStatus,
+		shadow:     opts.Shadow,
+		metrics:    m,
+		log:        opts.Logger,
+		clock:      opts.Clock,
+	}
+	e.set.Store(newRuleSet(opts.Rules, m))
+	return e, nil
+}
+
+func checkRules(rs []*rules.Rule) error {
+	if len(rs) == 0 || len(rs) > algo.MaxRules {
+		return fmt.Errorf("decide: %d rules; want 1 to %d", len(rs), algo.MaxRules)
+	}
+	return nil
+}
+
+// SetRules swaps the rule set whole: requests that have started finish
+// under the set they started with, later ones decide under rs. The
+// Decider must know rs's policies (a guard.Guard is built with every
+// policy it will be asked about).
+func (e *Engine) SetRules(rs []*rules.Rule) error {
+	if err := checkRules(rs); err != nil {
+		return err
+	}
+	e.set.Store(newRuleSet(rs, e.metrics))
+	return nil
+}
+
+// Rules returns the rule set in force. The caller must not modify it.
+func (e *Engine) Rules() []*rules.Rule { return e.set.Load().rules }
+
+// DenyStatus is the status of a denial.
+func (e *Engine) DenyStatus() int { return e.denyStatus }
+
+// Input is one request as a front read it. Fill it with Read, or set its
+// fields directly.
+type Input struct {
+	// Client is the client's address, already found behind the trusted
+	// proxies (rules.Proxies.ClientIP).
+	Client netip.Addr
+	// Request is what the rules see of the request, normalized.
+	Request rules.Request
+	// Invalid, when set, is the kind of problem that kept the front from
+	// reading the request (for example "invalid-url"), and InvalidDetail
+	// says what it was. Such a request is refused once the block and
+	// allow lists are passed: an allow-listed client is let through
+	// whatever it sends.
+	Invalid, InvalidDetail string
+
+	buf []byte
+}
+
+// Read fills in from the original request's client address, method, URI
+// and host, each normalized as rules.Request says, and its headers; the
+// values are copied into in's own buffer.
+func (e *Engine) Read(in *Input, client netip.Addr, method, uri, host []byte, h rules.Headers) {
+	buf := in.buf[:0]
+	var at [4]int
+	buf = rules.AppendMethod(buf, method)
+	at[0] = len(buf)
+	buf = rules.AppendPath(buf, uri)
+	at[1] = len(buf)
+	buf = rules.AppendHost(buf, host)
+	at[2] = len(buf)
+	buf = rules.AppendClientKey(buf, client, e.v4, e.v6)
+	at[3] = len(buf)
+	in.buf = buf
+	in.Client = client
+	in.Invalid, in.InvalidDetail = "", ""
+	in.Request = rules.Request{
+		Method:    buf[:at[0]],
+		Path:      buf[at[0]:at[1]],
+		Host:      buf[at[1]:at[2]],
+		ClientKey: buf[at[2]:at[3]],
+		Header:    h,
+	}
+}
+
+// Refuse marks in as a request the front could not read: see
+// Input.Invalid. Only the client address is kept.
+func (in *Input) Refuse(client netip.Addr, kind, detail string) {
+	in.Client = client
+	in.Request = rules.Request{}
+	in.Invalid, in.InvalidDetail = kind, detail
+}
+
+// Decide decides in and writes the answer into o, which it resets first.
+// ctx bounds the store's decision: a deadline shortens the wait, a
+// cancellation abandons it (and the guard then counts a store failure, so
+// a front should not pass on its client's cancellations). The delay of a
+// shaped request is the front's to hold.
+func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
+	set := e.set.Load()
+	o.reset()
+	defer o.finish()
+	now := e.clock()
+	if contains(e.block, in.Client) {
+		e.metrics.blocked.Inc()
+		o.refuse(Blocked, e.denyStatus, "blocked", "The client address is blocked.")
+		return
+	}
+	if contains(e.allow, in.Client) {
+		e.metrics.allowlisted.Inc()
+		o.Verdict = Allowlisted
+		return
+	}
+	if in.Invalid != "" {
+		e.metrics.invalid.Inc()
+		o.refuse(Invalid, e.denyStatus, in.Invalid, in.InvalidDetail)
+		return
+	}
+	if !e.apply(set, &in.Request, o) {
+		e.metrics.invalid.Inc()
+		return
+	}
+	if len(o.reqs) == 0 {
+		e.metrics.unmatched.Inc()
+		o.Verdict = Unmatched
+		return
+	}
+	for i, s := range o.spans {
+		o.reqs[i].Key = o.tags[s.from:s.to]
+	}
+	if cap(o.res) < len(o.reqs) {
+		o.res = make([]algo.Result, len(o.reqs), algo.MaxRules)
+	}
+	res := o.res[:len(o.reqs)]
+	admitted, err := e.decider.Decide(ctx, o.reqs, res)
+	switch {
+	case errors.Is(err, guard.ErrUnavailable):
+		e.metrics.unavailable.Inc()
+		o.RetryAfter = 1
+		o.addHeader(retryAfter, append(o.hbuf, '1'))
+		o.refuse(Unavailable, 503, "unavailable", "The rate-limit store could not decide; retry shortly.")
+		return
+	case errors.Is(err, guard.ErrFailedOpen):
+		e.metrics.allowed.Inc()
+		o.Verdict = FailedOpen
+		return
+	case err != nil:
+		e.log.Error("decide", "err", err)
+		e.metrics.errors.Inc()
+		o.refuse(Failed, 500, "error", "The decision failed.")
+		return
+	}
+	e.respond(set, o, res, admitted, now)
+}
+
+// apply finds the rules that apply to q, with their keys and costs, into
+// o.reqs. It reports false, with o refused, when a key or cost header is
+// missing (and the rule refuses that), repeated or invalid.
+func (e *Engine) apply(set *ruleSet, q *rules.Request, o *Outcome) bool {
+	for i, r := range set.rules {
+		if !r.Match(q) {
+			continue
+		}
+		var status rules.KeyStatus
+		var header string
+		o.keys, status, header = r.AppendKey(o.keys[:0], q)
+		switch status {
+		case rules.KeyMissing:
+			if r.DenyOnMissing {
+				o.refuse(Invalid, e.denyStatus, "missing-key", fmt.Sprintf("Rule %q needs the %s header.", r.Name, header))
+				return false
+			}
+			continue
+		case rules.KeyRepeated:
+			o.refuse(Invalid, e.denyStatus, "repeated-header", fmt.Sprintf("Rule %q counts by the %s header, which the request has more than once.", r.Name, header))
+			return false
+		}
+		cost, cs := r.Cost(q)
+		switch cs {
+		case rules.CostMissing:
+			o.refuse(Invalid, e.denyStatus, "missing-cost", fmt.Sprintf("Rule %q needs the %s header.", r.Name, r.CostHeader))
+			return false
+		case rules.CostRepeated:
+			o.refuse(Invalid, e.denyStatus, "repeated-header", fmt.Sprintf("Rule %q reads its cost from the %s header, which the request has more than once.", r.Name, r.CostHeader))
+			return false
+		case rules.CostInvalid:
+			o.refuse(Invalid, e.denyStatus, "invalid-cost", fmt.Sprintf("Rule %q: the %s header is not a whole number from 0 to %d.", r.Name, r.CostHeader, int64(algo.MaxLimit)))
+			return false
+		}
+		if cost == 0 && r.CostHeader != "" {
+			continue // an empty body counts nothing
+		}
+		from := len(o.tags)
+		o.tags = algo.AppendTag(o.tags, o.keys)
+		o.spans = append(o.spans, span{from, len(o.tags)})
+		o.reqs = append(o.reqs, algo.Request{Policy: r.Policy, Cost: cost, Shadow: r.Shadow || e.shadow})
+		o.rules = append(o.rules, i)
+	}
+	return true
+}
+
+// respond works out the answer to a decision: metrics, results, headers
+// and, on a denial, the problem.
+func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted bool, now time.Time) {
+	var retry, delay time.Duration
+	costTooHigh := false
+	for i, r := range res {
+		d := set.metrics[o.rules[i]]
+		shadow := o.reqs[i].Shadow
+		switch {
+		case r.Allowed:
+			d.allowed.Inc()
+			delay = max(delay, r.Delay)
+		case shadow:
+			d.shadowDenied.Inc()
+		default:
+			d.denied.Inc()
+			retry = max(retry, r.RetryAfter)
+			costTooHigh = costTooHigh || r.Reason == algo.ReasonCostTooHigh
+		}
+		o.Results = append(o.Results, Result{Rule: set.rules[o.rules[i]], Shadow: shadow, Cost: o.reqs[i].EffectiveCost(), Result: r})
+	}
+	o.setHeaders(set, admitted, now)
+	if admitted {
+		e.metrics.allowed.Inc()
+		o.Verdict = Allow
+		if delay > 0 {
+			e.metrics.delay.Observe(delay.Seconds())
+			o.Delay = delay
+		}
+		return
+	}
+	e.metrics.denied.Inc()
+	if costTooHigh && retry == 0 {
+		o.deny(set, e.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.")
+		return
+	}
+	o.RetryAfter = ceilSeconds(retry, 1)
+	o.addHeader(retryAfter, strconv.AppendInt(o.hbuf, o.RetryAfter, 10))
+	o.deny(set, e.denyStatus, "rate-limited", "Too many requests.")
+}
+
+func contains(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// ceilSeconds rounds d up to whole seconds, at least floor.
+func ceilSeconds(d time.Duration, floor int64) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, floor)
+}
