@@ -27,6 +27,10 @@ import (
 // helmVersion is the Helm the suite builds when none is given.
 const helmVersion = "v3.22.0"
 
+// kubeVersion is the Kubernetes helm template renders for: a helm built
+// with go build alone takes v1.20, older than the chart's kubeVersion.
+const kubeVersion = "1.34.0"
+
 // chartDir is the chart, from the repository's root.
 const chartDir = helmChart
 
@@ -114,7 +118,7 @@ func runHelm(t *testing.T, args ...string) (string, error) {
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("helm %s: %v: %s", strings.Join(args, " "), err, stderr.String()+out.String())
+		return out.String(), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String()+out.String())
 	}
 	return out.String(), nil
 }
@@ -215,7 +219,7 @@ type promRuleGroups struct {
 // an unknown field, or a kind the chart should not render, fails.
 func helmTemplate(t *testing.T, args ...string) *chartObjects {
 	t.Helper()
-	out, err := runHelm(t, append([]string{"template", "rl", chartDir, "--namespace", "edge"}, args...)...)
+	out, err := runHelm(t, append([]string{"template", "rl", chartDir, "--namespace", "edge", "--kube-version", kubeVersion}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -657,7 +661,7 @@ func TestHelmSchemaRejects(t *testing.T) {
 			if err := os.WriteFile(f, []byte(tt.values), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			out, err := runHelm(t, "template", "rl", chartDir, "-f", f)
+			out, err := runHelm(t, "template", "rl", chartDir, "--kube-version", kubeVersion, "-f", f)
 			if err == nil {
 				t.Fatalf("helm template accepts %q:\n%s", tt.values, out)
 			}

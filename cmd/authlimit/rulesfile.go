@@ -17,6 +17,15 @@ const maxRulesFileBytes = 1 << 20
 // loadRulesFile reads and parses the rules file at path. Its errors name the
 // file; a parse error lists every mistake, as rules.Parse does.
 func loadRulesFile(path string) ([]*rules.Rule, error) {
+	b, err := readRulesFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseRulesFile(path, b)
+}
+
+// readRulesFile reads the rules file, refusing what cannot be one.
+func readRulesFile(path string) ([]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err
@@ -27,10 +36,11 @@ func loadRulesFile(path string) ([]*rules.Rule, error) {
 	if fi.Size() > maxRulesFileBytes {
 		return nil, fmt.Errorf("%s is %d bytes; the most a rules file may hold is %d", path, fi.Size(), maxRulesFileBytes)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
+	return os.ReadFile(path)
+}
+
+// parseRulesFile parses the rules file's text b, naming path in its errors.
+func parseRulesFile(path string, b []byte) ([]*rules.Rule, error) {
 	rs, err := rules.Parse(string(b))
 	if err != nil {
 		errs := unjoin(err)
