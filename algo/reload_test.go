@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/redistest"
 )
 
 // TestNewPolicyOfTheSameIdentityKeepsTheState: a policy rebuilt with a new
@@ -87,5 +89,29 @@ func TestMemoryRegistryGrowsWithIdentities(t *testing.T) {
 	}
 	if got, want := len(m.policies), 2; got != want {
 		t.Errorf("registry holds %d policies, want %d", got, want)
+	}
+}
+
+// TestRedisRegistryGrowsWithDistinctPolicies: rebuilding the same policy
+// again and again (reload after reload) keeps one id in the Redis store;
+// a changed limit takes another, since a batch may carry both.
+func TestRedisRegistryGrowsWithDistinctPolicies(t *testing.T) {
+	srv := redistest.New(t)
+	rs := newRedis(t, srv.Client(t), srv.Prefix(t))
+	decide := func(p *Policy) {
+		t.Helper()
+		res := make([]Result, 1)
+		if _, err := rs.Decide(context.Background(), []Request{{Policy: p, Key: Tag("k")}}, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 100; i++ {
+		decide(mustPolicy(t, Spec{Name: "grow", Algorithm: GCRA, Limit: 10, Window: time.Minute}))
+	}
+	decide(mustPolicy(t, Spec{Name: "grow", Algorithm: GCRA, Limit: 11, Window: time.Minute}))
+	rs.regMu.RLock()
+	defer rs.regMu.RUnlock()
+	if got, want := len(rs.policies), 2; got != want {
+		t.Errorf("registry holds %d policies after 100 rebuilds of one and a changed limit, want %d", got, want)
 	}
 }

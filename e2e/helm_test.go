@@ -27,10 +27,6 @@ import (
 // helmVersion is the Helm the suite builds when none is given.
 const helmVersion = "v3.22.0"
 
-// kubeVersion is the Kubernetes helm template renders for: a helm built
-// with go build alone takes v1.20, older than the chart's kubeVersion.
-const kubeVersion = "1.34.0"
-
 // chartDir is the chart, from the repository's root.
 const chartDir = helmChart
 
@@ -91,9 +87,27 @@ func buildHelm() (string, error) {
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		return "", err
 	}
-	gb := exec.Command("go", "build", "-o", bin+".tmp", "./cmd/helm")
+	// Helm's own Makefile stamps in the Kubernetes version of its
+	// client-go: lint checks deprecated APIs against it, and template and
+	// install render for it. Without, they take Kubernetes 1.20.
+	env := append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+	lv := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "k8s.io/client-go")
+	lv.Dir, lv.Env = src, env
+	b, err = lv.Output()
+	if err != nil {
+		return "", fmt.Errorf("Helm %s's client-go version: %v", helmVersion, err)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "v%d.%d.", &major, &minor); err != nil {
+		return "", fmt.Errorf("Helm %s's client-go version %q: %v", helmVersion, b, err)
+	}
+	var ldflags []string
+	for _, pkg := range []string{"helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"} {
+		ldflags = append(ldflags, fmt.Sprintf("-X %s.k8sVersionMajor=%d -X %s.k8sVersionMinor=%d", pkg, major+1, pkg, minor))
+	}
+	gb := exec.Command("go", "build", "-ldflags", strings.Join(ldflags, " "), "-o", bin+".tmp", "./cmd/helm")
 	gb.Dir = src
-	gb.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+	gb.Env = env
 	if b, err := gb.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build Helm %s: %v\n%s", helmVersion, err, b)
 	}
@@ -219,7 +233,7 @@ type promRuleGroups struct {
 // an unknown field, or a kind the chart should not render, fails.
 func helmTemplate(t *testing.T, args ...string) *chartObjects {
 	t.Helper()
-	out, err := runHelm(t, append([]string{"template", "rl", chartDir, "--namespace", "edge", "--kube-version", kubeVersion}, args...)...)
+	out, err := runHelm(t, append([]string{"template", "rl", chartDir, "--namespace", "edge"}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -661,7 +675,7 @@ func TestHelmSchemaRejects(t *testing.T) {
 			if err := os.WriteFile(f, []byte(tt.values), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			out, err := runHelm(t, "template", "rl", chartDir, "--kube-version", kubeVersion, "-f", f)
+			out, err := runHelm(t, "template", "rl", chartDir, "-f", f)
 			if err == nil {
 				t.Fatalf("helm template accepts %q:\n%s", tt.values, out)
 			}
@@ -671,6 +685,63 @@ func TestHelmSchemaRejects(t *testing.T) {
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) {
 				t.Errorf("helm did not run: %v", err)
+			}
+		})
+	}
+}
+
+// TestHelmNotes: the notes helm install prints say where proxies send
+// their subrequests, warn when replicas share no Redis, and give the local
+// divisor.
+func TestHelmNotes(t *testing.T) {
+	// helm install --dry-run asks a cluster for its version, and helm
+	// template leaves NOTES.txt out: a copy of the chart renders the notes
+	// into a document of their own.
+	chart := filepath.Join(t.TempDir(), "authlimit")
+	if b, err := exec.Command("cp", "-r", filepath.Join(repoRoot(t), chartDir), chart).CombinedOutput(); err != nil {
+		t.Fatalf("copy the chart: %v %s", err, b)
+	}
+	notesText, err := os.ReadFile(filepath.Join(chart, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapped := "{{- define \"test.notes\" -}}\n" + string(notesText) + "{{- end -}}\nnotes: {{ include \"test.notes\" . | toJson }}\n"
+	if err := os.WriteFile(filepath.Join(chart, "templates", "notes.yaml"), []byte(wrapped), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		want    []string
+		notWant []string
+	}{
+		{"defaults", nil,
+			[]string{"http://rl-authlimit.edge.svc:8080/auth", "WARNING: redis.existingSecret is not set", "up to 2 times its limit", "2 (AUTHLIMIT_LOCAL_DIVISOR)", "ConfigMap rl-authlimit-rules"},
+			[]string{"gRPC"}},
+		{"redis, grpc, autoscaling", []string{"-f", chartDir + "/ci/autoscaling-values.yaml", "--set", "grpc.enabled=true"},
+			[]string{"rl-authlimit.edge.svc:8081", "8 (AUTHLIMIT_LOCAL_DIVISOR): the autoscaler's maximum"},
+			[]string{"WARNING"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runHelm(t, append([]string{"template", "rl", chart, "--namespace", "edge", "--show-only", "templates/notes.yaml"}, tt.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var doc struct{ Notes string }
+			if err := yaml.Unmarshal([]byte(out), &doc); err != nil || doc.Notes == "" {
+				t.Fatalf("no notes rendered (%v):\n%s", err, out)
+			}
+			notes := doc.Notes
+			for _, w := range tt.want {
+				if !strings.Contains(notes, w) {
+					t.Errorf("the notes do not say %q:\n%s", w, notes)
+				}
+			}
+			for _, w := range tt.notWant {
+				if strings.Contains(notes, w) {
+					t.Errorf("the notes say %q:\n%s", w, notes)
+				}
 			}
 		})
 	}
