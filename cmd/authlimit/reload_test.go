@@ -77,7 +77,7 @@ func startBinary(t *testing.T, env map[string]string) *liveAuthlimit {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	a := &liveAuthlimit{url: "http://" + addr, cmd: cmd, logs: logs, http: &http.Client{Timeout: 5 * time.Second}}
+	a := &liveAuthlimit{url: "http://" + addr, cmd: cmd, logs: logs, http: &http.Client{Timeout: 15 * time.Second}}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -486,5 +486,64 @@ func TestWindowChangeRefused(t *testing.T) {
 				t.Errorf("checkSuccession = %v, want %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestReloadLeavesRequestsInFlight: a request shaped (held) under the old
+// rules when they are swapped finishes under them: admitted, with the old
+// rules' headers.
+func TestReloadLeavesRequestsInFlight(t *testing.T) {
+	const (
+		v1 = "name=shape key=header:X-Shape limit=1/5s algorithm=leaky_bucket burst=1 delay=10s\n"
+		v2 = "name=shape key=header:X-Shape limit=3/5s algorithm=leaky_bucket burst=3 delay=10s\n"
+	)
+	d := newRulesDir(t, v1, false)
+	a := startBinary(t, map[string]string{"AUTHLIMIT_RULES_FILE": d.file})
+	if status, _, err := a.auth("X-Shape", "held"); err != nil || status != http.StatusOK {
+		t.Fatalf("first request: %d %v", status, err)
+	}
+	type answer struct {
+		status  int
+		h       http.Header
+		err     error
+		elapsed time.Duration
+	}
+	held := make(chan answer, 1)
+	start := time.Now()
+	go func() {
+		status, h, err := a.auth("X-Shape", "held")
+		held <- answer{status, h, err, time.Since(start)}
+	}()
+	// The second request is decided at once, then held for its turn,
+	// about 5s: once it is counted, it is in flight.
+	for a.metric(t, `authlimit_requests_total{result="allowed"}`) < 2 {
+		if time.Since(start) > 3*time.Second {
+			t.Fatal("the second request not decided 3s after it was sent")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	d.write(t, v2)
+	for probe := 0; ; probe++ {
+		_, h, err := a.auth("X-Shape", fmt.Sprintf("probe-%d", probe))
+		if err == nil && h.Get("X-RateLimit-Limit") == "3" {
+			break
+		}
+		if time.Since(start) > 4*time.Second {
+			t.Fatal("the new rules not in force 4s after the held request started: too slow to tell")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(held) > 0 {
+		t.Fatal("the held request finished before the swap: too fast to tell")
+	}
+	got := <-held
+	if got.err != nil || got.status != http.StatusOK {
+		t.Fatalf("the held request: %d %v", got.status, got.err)
+	}
+	if l := got.h.Get("X-RateLimit-Limit"); l != "1" {
+		t.Errorf("the held request answered with limit %s, want the old rules' 1", l)
+	}
+	if got.elapsed < 3*time.Second {
+		t.Errorf("the held request took %v, want its turn of about 5s under the old rules", got.elapsed)
 	}
 }
