@@ -125,13 +125,31 @@ func checkRules(rs []*rules.Rule) error {
 	return nil
 }
 
+// PolicyRegistrar is a Decider that must learn policies before it decides
+// them: a guard.Guard keeps, per policy, an id for its deny cache and a
+// divided copy for the local fallback, and knows only those it was built
+// with. SetRules registers the new set's policies with a Decider that is a
+// PolicyRegistrar before it swaps the set in.
+type PolicyRegistrar interface {
+	RegisterPolicies(ps []*algo.Policy) error
+}
+
 // SetRules swaps the rule set whole: requests that have started finish
 // under the set they started with, later ones decide under rs. The
-// Decider must know rs's policies (a guard.Guard is built with every
-// policy it will be asked about).
+// Decider must know rs's policies: a PolicyRegistrar learns them first,
+// and if it refuses them, the set in force stays.
 func (e *Engine) SetRules(rs []*rules.Rule) error {
 	if err := checkRules(rs); err != nil {
 		return err
+	}
+	if r, ok := e.decider.(PolicyRegistrar); ok {
+		ps := make([]*algo.Policy, len(rs))
+		for i, x := range rs {
+			ps[i] = x.Policy
+		}
+		if err := r.RegisterPolicies(ps); err != nil {
+			return fmt.Errorf("decide: register the rules' policies: %w", err)
+		}
 	}
 	e.set.Store(newRuleSet(rs, e.metrics))
 	return nil
@@ -196,10 +214,12 @@ func (in *Input) Refuse(client netip.Addr, kind, detail string) {
 }
 
 // Decide decides in and writes the answer into o, which it resets first.
-// ctx bounds the store's decision: a deadline shortens the wait, a
-// cancellation abandons it (and the guard then counts a store failure, so
-// a front should not pass on its client's cancellations). The delay of a
-// shaped request is the front's to hold.
+// ctx reaches the store: a deadline shortens the wait, a cancellation
+// abandons it, and the guard counts either as the store failing. A front
+// passes neither its caller's cancellation nor a caller's deadline, or a
+// caller in a hurry would open the circuit for everyone; the store's
+// budget bounds the wait. The delay of a shaped request is the front's to
+// hold.
 func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 	set := e.set.Load()
 	o.reset()
@@ -224,6 +244,67 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 		e.metrics.invalid.Inc()
 		return
 	}
+	e.decide(ctx, o, now)
+}
+
+// LimitRequest asks one Limit about one key, for DecideLimits.
+type LimitRequest struct {
+	// Limit is the limit, from NewLimit.
+	Limit *Limit
+	// Key is what the limit counts by, any bytes: the engine turns it
+	// into a key tag. It may alias memory the caller reuses once
+	// DecideLimits returns.
+	Key []byte
+	// Cost is the weight of the request; zero means the policy's cost.
+	Cost int64
+	// Shadow makes the limit advisory: decided and counted, never
+	// denying.
+	Shadow bool
+}
+
+// NewLimit returns a Limit of p under name (bounded: it labels metrics),
+// for DecideLimits. The Decider must know p, as it knows the rules'
+// policies.
+func (e *Engine) NewLimit(name string, p *algo.Policy) *Limit {
+	return newLimit(name, p, e.metrics)
+}
+
+// DecideLimits decides limits a front picked itself, such as the policies
+// of Envoy's rate limit descriptors, as one request: every limit that is
+// not a shadow admits it, or nothing is consumed. Everything after the
+// rule matching is as Decide does it: the fail modes, the metrics, the
+// results, the headers and the problem. No rule set and no allow or block
+// list applies. No requests is Unmatched; more than algo.MaxRules, or one
+// without a Limit, is Invalid; a policy asked twice, or a cost out of
+// range, fails (500), as the stores refuse them. The engine's Shadow setting makes every limit a
+// shadow.
+func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outcome) {
+	o.reset()
+	defer o.finish()
+	now := e.clock()
+	if len(reqs) > algo.MaxRules {
+		e.metrics.invalid.Inc()
+		o.refuse(Invalid, e.denyStatus, "too-many-limits", fmt.Sprintf("A request may ask at most %d limits.", algo.MaxRules))
+		return
+	}
+	for _, q := range reqs {
+		if q.Limit == nil || q.Limit.Policy == nil {
+			e.metrics.invalid.Inc()
+			o.refuse(Invalid, e.denyStatus, "no-limit", "A request asked a limit that is not there.")
+			return
+		}
+		from := len(o.tags)
+		o.tags = algo.AppendTag(o.tags, q.Key)
+		o.spans = append(o.spans, span{from, len(o.tags)})
+		o.reqs = append(o.reqs, algo.Request{Policy: q.Limit.Policy, Cost: q.Cost, Shadow: q.Shadow || e.shadow})
+		o.limits = append(o.limits, q.Limit)
+		o.ruleOf = append(o.ruleOf, nil)
+	}
+	e.decide(ctx, o, now)
+}
+
+// decide asks the Decider about o.reqs and works out the answer.
+func (e *Engine) decide(ctx context.Context, o *Outcome, now time.Time) {
 	if len(o.reqs) == 0 {
 		e.metrics.unmatched.Inc()
 		o.Verdict = Unmatched
@@ -254,7 +335,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 		o.refuse(Failed, 500, "error", "The decision failed.")
 		return
 	}
-	e.respond(set, o, res, admitted, now)
+	e.respond(o, res, admitted, now)
 }
 
 // apply finds the rules that apply to q, with their keys and costs, into
@@ -298,18 +379,22 @@ func (e *Engine) apply(set *ruleSet, q *rules.Request, o *Outcome) bool {
 		o.tags = algo.AppendTag(o.tags, o.keys)
 		o.spans = append(o.spans, span{from, len(o.tags)})
 		o.reqs = append(o.reqs, algo.Request{Policy: r.Policy, Cost: cost, Shadow: r.Shadow || e.shadow})
-		o.rules = append(o.rules, i)
+		o.limits = append(o.limits, set.limits[i])
+		o.ruleOf = append(o.ruleOf, r)
 	}
 	return true
 }
 
 // respond works out the answer to a decision: metrics, results, headers
 // and, on a denial, the problem.
-func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted bool, now time.Time) {
+func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.Time) {
 	var retry, delay time.Duration
 	costTooHigh := false
+	if !admitted {
+		neverAdmits(o.reqs, res)
+	}
 	for i, r := range res {
-		d := set.metrics[o.rules[i]]
+		d := &o.limits[i].metrics
 		shadow := o.reqs[i].Shadow
 		switch {
 		case r.Allowed:
@@ -322,9 +407,9 @@ func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted b
 			retry = max(retry, r.RetryAfter)
 			costTooHigh = costTooHigh || r.Reason == algo.ReasonCostTooHigh
 		}
-		o.Results = append(o.Results, Result{Rule: set.rules[o.rules[i]], Shadow: shadow, Cost: o.reqs[i].EffectiveCost(), Result: r})
+		o.Results = append(o.Results, Result{Rule: o.ruleOf[i], Limit: o.limits[i], Shadow: shadow, Cost: o.reqs[i].EffectiveCost(), Result: r})
 	}
-	o.setHeaders(set, admitted, now)
+	o.setHeaders(admitted, now)
 	if admitted {
 		e.metrics.allowed.Inc()
 		o.Verdict = Allow
@@ -335,13 +420,27 @@ func (e *Engine) respond(set *ruleSet, o *Outcome, res []algo.Result, admitted b
 		return
 	}
 	e.metrics.denied.Inc()
-	if costTooHigh && retry == 0 {
-		o.deny(set, e.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.")
+	if costTooHigh {
+		o.deny(e.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.")
 		return
 	}
 	o.RetryAfter = ceilSeconds(retry, 1)
 	o.addHeader(retryAfter, strconv.AppendInt(o.hbuf, o.RetryAfter, 10))
-	o.deny(set, e.denyStatus, "rate-limited", "Too many requests.")
+	o.deny(e.denyStatus, "rate-limited", "Too many requests.")
+}
+
+// neverAdmits marks as cost-too-high every enforcing rule that the request
+// costs more than it ever admits, whatever res says: the deny cache
+// answers for one rule alone and reports the others as allowing. A request
+// that one of them denies is answered cost-too-high, never rate-limited,
+// since no wait admits it.
+func neverAdmits(reqs []algo.Request, res []algo.Result) {
+	for i := range reqs {
+		q := &reqs[i]
+		if !q.Shadow && q.EffectiveCost() > q.Policy.MaxCost() && res[i].Reason != algo.ReasonCostTooHigh {
+			res[i].Allowed, res[i].Reason, res[i].RetryAfter, res[i].Delay = false, algo.ReasonCostTooHigh, 0, 0
+		}
+	}
 }
 
 func contains(ps []netip.Prefix, a netip.Addr) bool {

@@ -5,32 +5,54 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/rules"
 )
 
 // ruleSet is a rule set as the engine decides it, never modified once
-// built: the rules, what the headers and the problem say of each, and each
-// rule's metrics bound to its labels.
+// built: the rules and, for each, its Limit.
 type ruleSet struct {
-	rules   []*rules.Rule
-	policy  [][]byte      // rules[i]'s RateLimit-Policy item
-	names   [][]byte      // rules[i]'s name, quoted
-	metrics []ruleMetrics // rules[i]'s decision counters
+	rules  []*rules.Rule
+	limits []*Limit // rules[i]'s
 }
 
 func newRuleSet(rs []*rules.Rule, m *metrics) *ruleSet {
 	set := &ruleSet{rules: rs}
 	for _, r := range rs {
-		s := r.Policy.Spec()
-		set.policy = append(set.policy, []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, r.Name, s.Limit, ceilSeconds(s.Window, 1))))
-		set.names = append(set.names, []byte(`"`+r.Name+`"`))
-		set.metrics = append(set.metrics, ruleMetrics{
-			allowed:      m.decisions.WithLabelValues(r.Name, "allowed"),
-			denied:       m.decisions.WithLabelValues(r.Name, "denied"),
-			shadowDenied: m.decisions.WithLabelValues(r.Name, "shadow_denied"),
-		})
+		set.limits = append(set.limits, newLimit(r.Name, r.Policy, m))
 	}
 	return set
+}
+
+// Limit is a policy under a name, as the headers, the problem and the
+// metrics give it: the engine makes one per rule, and a front that picks
+// its policies itself (Envoy's rate limit service) makes its own with
+// NewLimit, once, and decides them with DecideLimits.
+type Limit struct {
+	// Name names the limit in RateLimit-Policy, RateLimit, the problem's
+	// violated-policies and the metrics' rule label.
+	Name string
+	// Policy is the enforced limit.
+	Policy *algo.Policy
+
+	quoted  []byte // Name, quoted
+	item    []byte // the RateLimit-Policy item
+	metrics ruleMetrics
+}
+
+func newLimit(name string, p *algo.Policy, m *metrics) *Limit {
+	s := p.Spec()
+	return &Limit{
+		Name:   name,
+		Policy: p,
+		quoted: []byte(`"` + name + `"`),
+		item:   []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, name, s.Limit, ceilSeconds(s.Window, 1))),
+		metrics: ruleMetrics{
+			allowed:      m.decisions.WithLabelValues(name, "allowed"),
+			denied:       m.decisions.WithLabelValues(name, "denied"),
+			shadowDenied: m.decisions.WithLabelValues(name, "shadow_denied"),
+		},
+	}
 }
 
 // metrics are the engine's Prometheus metrics, each bound to its labels
@@ -51,7 +73,7 @@ type ruleMetrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_requests_total",
-		Help: "Auth requests by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
+		Help: "Requests decided by the engine (/auth and ext_authz Check) by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
 	}, []string{"result"})
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_decisions_total",

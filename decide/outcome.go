@@ -54,8 +54,11 @@ func (v Verdict) Admitted() bool {
 
 // Result is one applied rule's answer.
 type Result struct {
-	// Rule is the rule, from the set the request was decided under.
+	// Rule is the rule, from the set the request was decided under; nil
+	// for DecideLimits.
 	Rule *rules.Rule
+	// Limit is the rule's limit, or the one given to DecideLimits.
+	Limit *Limit
 	// Shadow: the rule was decided as a shadow rule (its own setting or
 	// the engine's), so its denial denied nothing.
 	Shadow bool
@@ -83,8 +86,9 @@ type Outcome struct {
 	Status int
 	// Kind is the problem's kind (urn:authlimit:<Kind>): rate-limited,
 	// cost-too-high, blocked, invalid-url, missing-key, missing-cost,
-	// repeated-header, invalid-cost, unavailable or error; empty when
-	// admitted. Detail says it in a sentence.
+	// repeated-header, invalid-cost, unavailable or error (and, from
+	// DecideLimits, too-many-limits or no-limit); empty when admitted.
+	// Detail says it in a sentence.
 	Kind, Detail string
 	// Results holds the answer of every rule that was decided, in rule
 	// order; empty when none was (a refusal before the store, an
@@ -110,11 +114,12 @@ type Outcome struct {
 
 	reqs   []algo.Request
 	res    []algo.Result
-	rules  []int  // reqs[i] is for the set's rules[rules[i]]
-	spans  []span // reqs[i].Key is tags[spans[i]]
-	keys   []byte // the rules' keys, one at a time
-	tags   []byte // the keys' tags
-	hbuf   []byte // the headers' values
+	limits []*Limit      // reqs[i] decides limits[i]
+	ruleOf []*rules.Rule // of the rule it comes from, if any
+	spans  []span        // reqs[i].Key is tags[spans[i]]
+	keys   []byte        // the rules' keys, one at a time
+	tags   []byte        // the keys' tags
+	hbuf   []byte        // the headers' values
 	hspans []hspan
 	hdrs   [6]Header
 }
@@ -140,7 +145,7 @@ func (o *Outcome) reset() {
 	o.Verdict, o.Status, o.Kind, o.Detail = Allow, http.StatusOK, "", ""
 	o.Results, o.Most, o.RetryAfter, o.Delay = o.Results[:0], -1, 0, 0
 	o.Headers, o.Body = o.hdrs[:0], o.Body[:0]
-	o.reqs, o.rules, o.spans, o.tags = o.reqs[:0], o.rules[:0], o.spans[:0], o.tags[:0]
+	o.reqs, o.limits, o.ruleOf, o.spans, o.tags = o.reqs[:0], o.limits[:0], o.ruleOf[:0], o.spans[:0], o.tags[:0]
 	o.hbuf, o.hspans = o.hbuf[:0], o.hspans[:0]
 }
 
@@ -161,7 +166,7 @@ func (o *Outcome) finish() {
 // setHeaders works out X-RateLimit-* and RateLimit for the most restrictive
 // enforcing rule, and RateLimit-Policy for every enforcing rule applied.
 // Shadow rules stay out of the headers: they do not limit the client.
-func (o *Outcome) setHeaders(set *ruleSet, admitted bool, now time.Time) {
+func (o *Outcome) setHeaders(admitted bool, now time.Time) {
 	most := -1
 	b := o.hbuf
 	from := len(b)
@@ -173,7 +178,7 @@ func (o *Outcome) setHeaders(set *ruleSet, admitted bool, now time.Time) {
 		if len(b) > from {
 			b = append(b, ", "...)
 		}
-		b = append(b, set.policy[o.rules[i]]...)
+		b = append(b, o.limits[i].item...)
 		if most < 0 || moreRestrictive(r.Result, o.Results[most].Result, admitted) {
 			most = i
 		}
@@ -187,7 +192,7 @@ func (o *Outcome) setHeaders(set *ruleSet, admitted bool, now time.Time) {
 	o.addHeader(xRateLimitLimit, strconv.AppendInt(o.hbuf, r.Limit, 10))
 	o.addHeader(xRateLimitRemaining, strconv.AppendInt(o.hbuf, r.Remaining, 10))
 	o.addHeader(xRateLimitReset, strconv.AppendInt(o.hbuf, ceilSeconds(time.Duration(now.UnixNano())+r.ResetAfter, 0), 10))
-	b = append(o.hbuf, set.names[o.rules[most]]...)
+	b = append(o.hbuf, o.limits[most].quoted...)
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, r.Remaining, 10)
 	b = append(b, ";t="...)
@@ -196,11 +201,15 @@ func (o *Outcome) setHeaders(set *ruleSet, admitted bool, now time.Time) {
 }
 
 // moreRestrictive orders rules for the headers: on a denial, a denying rule
-// over an allowing one, then the longer wait; otherwise fewer remaining,
-// then the later reset.
+// over an allowing one, then one that never admits the request over one
+// that makes it wait, then the longer wait; otherwise fewer remaining, then
+// the later reset.
 func moreRestrictive(a, b algo.Result, admitted bool) bool {
 	if !admitted && a.Allowed != b.Allowed {
 		return !a.Allowed
+	}
+	if never := algo.ReasonCostTooHigh; !admitted && (a.Reason == never) != (b.Reason == never) {
+		return a.Reason == never
 	}
 	if !admitted && !a.Allowed && a.RetryAfter != b.RetryAfter {
 		return a.RetryAfter > b.RetryAfter
@@ -214,19 +223,19 @@ func moreRestrictive(a, b algo.Result, admitted bool) bool {
 // refuse answers with a problem that names no rule.
 func (o *Outcome) refuse(v Verdict, status int, kind, detail string) {
 	o.Verdict, o.Status, o.Kind, o.Detail = v, status, kind, detail
-	o.Body = o.appendProblem(o.Body[:0], nil)
+	o.Body = o.appendProblem(o.Body[:0], false)
 }
 
 // deny answers a denial by the rules: the problem names the violated ones,
 // those that denied and are not shadows.
-func (o *Outcome) deny(set *ruleSet, status int, kind, detail string) {
+func (o *Outcome) deny(status int, kind, detail string) {
 	o.Verdict, o.Status, o.Kind, o.Detail = Deny, status, kind, detail
-	o.Body = o.appendProblem(o.Body[:0], set)
+	o.Body = o.appendProblem(o.Body[:0], true)
 }
 
-// appendProblem appends the application/problem+json body (RFC 9457); with
-// set, it lists the violated rules.
-func (o *Outcome) appendProblem(b []byte, set *ruleSet) []byte {
+// appendProblem appends the application/problem+json body (RFC 9457),
+// listing the violated rules if asked to.
+func (o *Outcome) appendProblem(b []byte, violated bool) []byte {
 	b = append(b, `{"type":"urn:authlimit:`...)
 	b = append(b, o.Kind...)
 	b = append(b, `","title":"`...)
@@ -235,7 +244,7 @@ func (o *Outcome) appendProblem(b []byte, set *ruleSet) []byte {
 	b = strconv.AppendInt(b, int64(o.Status), 10)
 	b = append(b, `,"detail":`...)
 	b = appendJSONString(b, o.Detail)
-	if set != nil {
+	if violated {
 		b = append(b, `,"violated-policies":[`...)
 		first := true
 		for i, r := range o.Results {
@@ -246,7 +255,7 @@ func (o *Outcome) appendProblem(b []byte, set *ruleSet) []byte {
 				b = append(b, ',')
 			}
 			first = false
-			b = append(b, set.names[o.rules[i]]...)
+			b = append(b, o.limits[i].quoted...)
 		}
 		b = append(b, ']')
 	}

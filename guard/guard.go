@@ -221,7 +221,7 @@ type policyKey struct {
 func keyOf(p *algo.Policy) policyKey { return policyKey{p.Name(), p.Spec().Algorithm} }
 
 // policySet is what the guard knows of the policies in force, swapped
-// whole by SetPolicies. It is keyed by identity, so that a request decided
+// whole by RegisterPolicies. It is keyed by identity, so that a request decided
 // under the previous set finds its policy's successor.
 type policySet struct {
 	// divided holds, with fail mode local, each policy divided for the
@@ -251,13 +251,14 @@ func (g *Guard) newPolicySet(ps []*algo.Policy) (*policySet, error) {
 	return set, errors.Join(errs...)
 }
 
-// SetPolicies puts ps in force in place of the policies the guard was
-// built with, or last given: it checks them all first and, on any
-// problem, keeps the previous ones and reports every problem. A policy
+// RegisterPolicies puts ps in force in place of the policies the guard was
+// built with, or last given (decide.Engine.SetRules calls it when a rule
+// set is swapped): it checks them all first and, on any problem, keeps the
+// previous ones and reports every problem. A policy
 // whose name and algorithm are unchanged keeps its state in the stores;
 // the deny cache forgets what it remembered, which the previous limits
 // decided.
-func (g *Guard) SetPolicies(ps []*algo.Policy) error {
+func (g *Guard) RegisterPolicies(ps []*algo.Policy) error {
 	set, err := g.newPolicySet(ps)
 	if err != nil {
 		return err

@@ -21,17 +21,17 @@ func (f *fixture) renewed(t *testing.T, limit int64) *algo.Policy {
 	return p
 }
 
-// TestSetPoliciesCarriesTheFallbackOver: after new policies are set, the
+// TestRegisterPoliciesCarriesTheFallbackOver: after new policies are set, the
 // local store decides the new limit divided, continuing from what the
 // store admitted under the old one.
-func TestSetPoliciesCarriesTheFallbackOver(t *testing.T) {
+func TestRegisterPoliciesCarriesTheFallbackOver(t *testing.T) {
 	f := newFixture(t, FailLocal)
 	for i := 0; i < 4; i++ {
 		if _, ok, err := f.decide(t, "a"); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
 	}
-	if err := f.g.SetPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
+	if err := f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
 		t.Fatal(err)
 	}
 	f.p = f.renewed(t, 20) // another pointer again: identity, not pointer, counts
@@ -48,9 +48,9 @@ func TestSetPoliciesCarriesTheFallbackOver(t *testing.T) {
 	}
 }
 
-// TestSetPoliciesForgetsDenials: a denial the deny cache remembers was
+// TestRegisterPoliciesForgetsDenials: a denial the deny cache remembers was
 // decided under the previous limit; a raised limit admits at once.
-func TestSetPoliciesForgetsDenials(t *testing.T) {
+func TestRegisterPoliciesForgetsDenials(t *testing.T) {
 	f := newFixture(t, FailLocal)
 	for i := 0; i < 10; i++ {
 		f.decide(t, "b")
@@ -60,7 +60,7 @@ func TestSetPoliciesForgetsDenials(t *testing.T) {
 			t.Fatal("the 11th request of a limit of 10 admitted")
 		}
 	}
-	if err := f.g.SetPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
+	if err := f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
 		t.Fatal(err)
 	}
 	f.p = f.renewed(t, 20)
@@ -73,17 +73,17 @@ func TestSetPoliciesForgetsDenials(t *testing.T) {
 	}
 }
 
-// TestSetPoliciesRefusesAndKeeps: a policy the local divisor cannot divide
+// TestRegisterPoliciesRefusesAndKeeps: a policy the local divisor cannot divide
 // is refused, naming it, and the previous policies stay in force.
-func TestSetPoliciesRefusesAndKeeps(t *testing.T) {
+func TestRegisterPoliciesRefusesAndKeeps(t *testing.T) {
 	f := newFixture(t, FailLocal)
 	bad, err := algo.NewPolicy(algo.Spec{Name: "slow", Algorithm: algo.TokenBucket, Limit: 3, Burst: 30, Window: 366 * 24 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = f.g.SetPolicies([]*algo.Policy{f.renewed(t, 20), bad})
+	err = f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20), bad})
 	if err == nil || !strings.Contains(err.Error(), `policy "slow" divided by 2`) {
-		t.Fatalf("SetPolicies = %v, want the division of \"slow\" refused", err)
+		t.Fatalf("RegisterPolicies = %v, want the division of \"slow\" refused", err)
 	}
 	f.store.breakShard(1, errDown)
 	// Still the old local limit: 10/2 = 5.

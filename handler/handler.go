@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -123,7 +122,7 @@ func New(opts Options) (*Handler, error) {
 			Clock:      opts.Clock,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("handler: %w", err)
+			return nil, err
 		}
 	}
 	h := &Handler{

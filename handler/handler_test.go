@@ -422,3 +422,43 @@ func BenchmarkAuthRedis(b *testing.B) {
 		benchServe(b, tc.name, h, 16)
 	}
 }
+
+// TestCostTooHighOverRateLimited: a request that one rule rate-limits and
+// another can never admit (its cost is above what that rule ever admits)
+// is answered cost-too-high, without Retry-After, since no wait admits it;
+// so is every such request after, the deny cache holding the first rule's
+// denial included. A request that can pass some day still hears
+// rate-limited, with the wait.
+func TestCostTooHighOverRateLimited(t *testing.T) {
+	h := newHandler(t, "name=per-ip key=ip limit=1/1m; name=bytes key=ip limit=5/1m cost=header:X-Cost")
+	ctx := newCtx()
+	serve := func(cost string) {
+		t.Helper()
+		authRequest(ctx, "203.0.113.7", "X-Cost", cost)
+		h.Serve(ctx)
+	}
+	serve("1")
+	if got := ctx.Response.StatusCode(); got != 200 {
+		t.Fatalf("first request: %d %s, want 200", got, ctx.Response.Body())
+	}
+	for i := range 3 {
+		serve("6")
+		body := string(ctx.Response.Body())
+		if got := ctx.Response.StatusCode(); got != 429 || !strings.Contains(body, "urn:authlimit:cost-too-high") {
+			t.Errorf("cost 6, request %d: %d %s, want 429 cost-too-high", i+1, got, body)
+		}
+		if got := ctx.Response.Header.Peek("Retry-After"); len(got) != 0 {
+			t.Errorf("cost 6, request %d: Retry-After %q, want none", i+1, got)
+		}
+		if !strings.Contains(body, `"violated-policies":["per-ip","bytes"]`) {
+			t.Errorf("cost 6, request %d: %s, want both rules violated", i+1, body)
+		}
+		if got, want := string(ctx.Response.Header.Peek("RateLimit")), `"bytes";`; !strings.HasPrefix(got, want) {
+			t.Errorf("cost 6, request %d: RateLimit %q, want %s... (the rule that never admits)", i+1, got, want)
+		}
+	}
+	serve("2")
+	if got, body := ctx.Response.StatusCode(), string(ctx.Response.Body()); got != 429 || !strings.Contains(body, "urn:authlimit:rate-limited") || len(ctx.Response.Header.Peek("Retry-After")) == 0 {
+		t.Errorf("cost 2: %d %s Retry-After %q, want 429 rate-limited with Retry-After", got, body, ctx.Response.Header.Peek("Retry-After"))
+	}
+}

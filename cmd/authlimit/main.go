@@ -283,7 +283,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.engine = e
-	if a.reload, err = newReloader(s, engineRules{guard: g, engine: e}, reg, log, time.Now); err != nil {
+	if a.reload, err = newReloader(s, e, reg, log, time.Now); err != nil {
 		a.close()
 		return nil, err
 	}

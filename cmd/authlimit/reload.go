@@ -29,26 +29,13 @@ type ruleSetter interface {
 	Rules() []*rules.Rule
 }
 
-// engineRules sets rules on the guard, which checks their policies (their
-// division for the local fail mode) and refuses them all on any problem,
-// then on the engine, whose rule set requests read once each.
-type engineRules struct {
-	guard  *guard.Guard
-	engine *decide.Engine
-}
-
-func (e engineRules) SetRules(rs []*rules.Rule) error {
-	ps := make([]*algo.Policy, len(rs))
-	for i, r := range rs {
-		ps[i] = r.Policy
-	}
-	if err := e.guard.SetPolicies(ps); err != nil {
-		return err
-	}
-	return e.engine.SetRules(rs)
-}
-
-func (e engineRules) Rules() []*rules.Rule { return e.engine.Rules() }
+// The engine registers a new rule set's policies with the guard before it
+// swaps the set in: the guard checks them (their division for the local
+// fail mode) and refuses them all on any problem.
+var (
+	_ ruleSetter             = (*decide.Engine)(nil)
+	_ decide.PolicyRegistrar = (*guard.Guard)(nil)
+)
 
 // reloadDebounce is how long the rules file must stay quiet after a change
 // before it is read: a write in place comes as several events, and reading

@@ -1,0 +1,265 @@
+// Package extauthz is authlimit's front for Envoy's external authorization
+// over gRPC (envoy.service.auth.v3.Authorization/Check). It reads a
+// CheckRequest into the decision engine's input, the same one the HTTP
+// /auth endpoint fills, and writes the engine's outcome as a CheckResponse:
+//
+//   - the client is attributes.source.address, or, when that is a trusted
+//     proxy, the client found in its X-Forwarded-For (or X-Real-IP) header
+//     by the same rule as /auth; a source that is not an IP socket address
+//     (a pipe) is local, as /auth takes a Unix-socket peer;
+//   - the method, path and host are attributes.request.http's method,
+//     path and host, never a header's: Envoy gives the request line itself,
+//     so a client's own X-Forwarded-Method, -Uri or -Host moves nothing;
+//   - the headers are attributes.request.http.header_map when Envoy sends
+//     raw headers (encode_raw_headers: true), whose repeats are counted
+//     exactly, or else attributes.request.http.headers, in which Envoy joins
+//     a repeated header's values with ",": there, a key or cost header whose
+//     value holds a comma counts as repeated (urn:authlimit:repeated-header),
+//     since a client could otherwise add a copy of its own to get a fresh
+//     quota for the value the backend reads.
+//
+// An admitted request is OK, with the rate-limit headers in
+// ok_response.response_headers_to_add (the client's response); a request
+// that is not admitted is a denied_response with the engine's status (the
+// deny status, 503 with Retry-After when the store cannot decide, 500), the
+// headers and the problem JSON body. A CheckRequest without
+// attributes.request.http has nothing to decide: it gets the gRPC status
+// InvalidArgument.
+//
+// The store's budget (AUTHLIMIT_REDIS_TIMEOUT), not the call's deadline,
+// bounds a decision: a caller with a short deadline, or one that gives up,
+// must not count as the store failing. Envoy's ext_authz timeout should
+// exceed that budget. A shaped request is held until its delay passes or
+// the call ends.
+package extauthz
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/rules"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Engine decides. Required.
+	Engine *decide.Engine
+	// Proxies finds the client behind trusted proxies.
+	Proxies rules.Proxies
+	// Sleep holds a shaped request for d, or until ctx ends. Default: a
+	// timer.
+	Sleep func(ctx context.Context, d time.Duration)
+}
+
+// Server answers Check. Build it with New.
+type Server struct {
+	authv3.UnimplementedAuthorizationServer
+	engine  *decide.Engine
+	proxies rules.Proxies
+	sleep   func(context.Context, time.Duration)
+	scratch sync.Pool // *scratch
+}
+
+// New validates opts and returns a Server.
+func New(opts Options) (*Server, error) {
+	if opts.Engine == nil {
+		return nil, errors.New("extauthz: no engine")
+	}
+	if opts.Sleep == nil {
+		opts.Sleep = sleep
+	}
+	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep}
+	s.scratch.New = func() any { return new(scratch) }
+	return s, nil
+}
+
+// Register registers the server's Authorization service on g.
+func (s *Server) Register(g *grpc.Server) { authv3.RegisterAuthorizationServer(g, s) }
+
+type scratch struct {
+	in   decide.Input
+	out  decide.Outcome
+	hdrs headers
+	xff  [][]byte
+}
+
+// Check decides one request.
+func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	h := req.GetAttributes().GetRequest().GetHttp()
+	if h == nil {
+		return nil, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http")
+	}
+	sc := s.scratch.Get().(*scratch)
+	defer s.scratch.Put(sc)
+	sc.hdrs = headers{joined: h.GetHeaders()}
+	if m := h.GetHeaderMap(); m != nil {
+		sc.hdrs = headers{raw: m.GetHeaders()}
+	}
+	sc.xff = sc.hdrs.all(sc.xff[:0], "x-forwarded-for")
+	realIP, _ := sc.hdrs.Lookup("x-real-ip")
+	ip := s.proxies.ClientIP(sc.xff, realIP, peer(req.GetAttributes().GetSource().GetAddress()))
+	s.engine.Read(&sc.in, ip, []byte(h.GetMethod()), []byte(h.GetPath()), []byte(h.GetHost()), &sc.hdrs)
+
+	// The caller's deadline and cancellation do not reach the decision:
+	// the guard counts an abandoned decision as a store failure, so a
+	// caller in a hurry (or one that gives up) would open the circuit for
+	// everyone, and a decision sent to the store may consume there
+	// whatever the caller does. The store's budget bounds it.
+	s.engine.Decide(context.WithoutCancel(ctx), &sc.in, &sc.out)
+	out := &sc.out
+	if out.Delay > 0 {
+		s.sleep(ctx, out.Delay)
+	}
+	return response(out), nil
+}
+
+// response writes the outcome as a CheckResponse.
+func response(out *decide.Outcome) *authv3.CheckResponse {
+	hs := make([]*corev3.HeaderValueOption, 0, len(out.Headers)+1)
+	for _, x := range out.Headers {
+		hs = append(hs, header(string(x.Name), string(x.Value)))
+	}
+	if out.Verdict.Admitted() {
+		return &authv3.CheckResponse{
+			Status:       &rpcstatus.Status{Code: int32(codes.OK)},
+			HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{ResponseHeadersToAdd: hs}},
+		}
+	}
+	hs = append(hs, header("Content-Type", "application/problem+json"))
+	return &authv3.CheckResponse{
+		Status: &rpcstatus.Status{Code: int32(code(out.Verdict)), Message: out.Kind},
+		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(out.Status)},
+			Headers: hs,
+			Body:    string(out.Body),
+		}},
+	}
+}
+
+// code is the gRPC status of a CheckResponse that is not OK. Envoy answers
+// the client with the denied response's HTTP status whatever it is; the
+// code tells Envoy's logs and stats why.
+func code(v decide.Verdict) codes.Code {
+	switch v {
+	case decide.Deny:
+		return codes.ResourceExhausted
+	case decide.Invalid:
+		return codes.InvalidArgument
+	case decide.Unavailable:
+		return codes.Unavailable
+	case decide.Failed:
+		return codes.Internal
+	}
+	return codes.PermissionDenied
+}
+
+func header(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, Value: v},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+// peer returns the source's IP address; a source that is not an IP socket
+// address (a pipe, an internal address, none) is local, as /auth takes a
+// Unix-socket peer.
+func peer(a *corev3.Address) netip.Addr {
+	if sa := a.GetSocketAddress(); sa != nil {
+		if ip, ok := rules.ParseIP([]byte(sa.GetAddress())); ok {
+			return ip
+		}
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+// headers gives rules a CheckRequest's headers: raw, one entry per header
+// line, or joined, one value per name with repeats joined by ",".
+type headers struct {
+	raw    []*corev3.HeaderValue
+	joined map[string]string
+}
+
+// Lookup implements rules.Headers. In joined headers, a value with a comma
+// may be several lines joined: it counts as two.
+func (h *headers) Lookup(name string) ([]byte, int) {
+	if h.joined != nil {
+		v, ok := h.joined[name]
+		if !ok {
+			for k, kv := range h.joined {
+				if strings.EqualFold(k, name) {
+					v, ok = kv, true
+					break
+				}
+			}
+		}
+		switch {
+		case !ok:
+			return nil, 0
+		case strings.IndexByte(v, ',') >= 0:
+			return nil, 2
+		}
+		return []byte(v), 1
+	}
+	var val []byte
+	n := 0
+	for _, x := range h.raw {
+		if strings.EqualFold(x.GetKey(), name) {
+			if n++; n == 1 {
+				val = rawValue(x)
+			}
+		}
+	}
+	if n != 1 {
+		return nil, n
+	}
+	return val, 1
+}
+
+// all appends every value of the named header, for X-Forwarded-For, whose
+// joined values are one list anyway.
+func (h *headers) all(dst [][]byte, name string) [][]byte {
+	if h.joined != nil {
+		for k, v := range h.joined {
+			if strings.EqualFold(k, name) {
+				dst = append(dst, []byte(v))
+			}
+		}
+		return dst
+	}
+	for _, x := range h.raw {
+		if strings.EqualFold(x.GetKey(), name) {
+			dst = append(dst, rawValue(x))
+		}
+	}
+	return dst
+}
+
+func rawValue(x *corev3.HeaderValue) []byte {
+	if len(x.GetRawValue()) > 0 {
+		return x.GetRawValue()
+	}
+	return []byte(x.GetValue())
+}
+
+// sleep holds for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
