@@ -44,8 +44,8 @@ type Memory struct {
 	keys    atomic.Int64 // states held, across shards
 
 	regMu    sync.RWMutex
-	ids      map[*Policy]uint32
-	policies []*Policy // by id
+	ids      map[policyKey]uint32
+	policies []*Policy // by id: the latest of that identity
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -104,7 +104,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		shards:  make([]shard, n),
 		mask:    uint64(n - 1),
 		maxKeys: int64(opts.MaxKeys),
-		ids:     map[*Policy]uint32{},
+		ids:     map[policyKey]uint32{},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -136,21 +136,36 @@ func (k *memKey) bytes() []byte { return k.b[:k.n] }
 
 func (k *memKey) id() uint32 { return binary.LittleEndian.Uint32(k.b[:4]) }
 
-// id returns p's id in this store, registering it on first use.
+// policyKey identifies a policy across rule sets: its name and algorithm,
+// which Redis's keys hold too. A policy rebuilt with other limits (a rule
+// set reloaded) has its predecessor's id, so its states carry over, and
+// the registry grows with identities, not with reloads.
+type policyKey struct {
+	name string
+	alg  Algorithm
+}
+
+func keyOf(p *Policy) policyKey { return policyKey{p.spec.Name, p.spec.Algorithm} }
+
+// id returns p's id in this store, registering its identity on first use.
+// The latest policy of an identity is the one its states expire by.
 func (m *Memory) id(p *Policy) uint32 {
+	k := keyOf(p)
 	m.regMu.RLock()
-	id, ok := m.ids[p]
+	id, ok := m.ids[k]
+	current := ok && m.policies[id] == p
 	m.regMu.RUnlock()
-	if ok {
+	if current {
 		return id
 	}
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
-	if id, ok := m.ids[p]; ok {
+	if id, ok := m.ids[k]; ok {
+		m.policies[id] = p
 		return id
 	}
 	id = uint32(len(m.policies))
-	m.ids[p] = id
+	m.ids[k] = id
 	m.policies = append(m.policies, p)
 	return id
 }

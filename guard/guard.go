@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -144,8 +145,8 @@ type Guard struct {
 	prober   Prober
 	failMode FailMode
 	local    Store
-	divided  map[*algo.Policy]*algo.Policy
-	ids      map[*algo.Policy]uint32
+	divisor  int
+	policies atomic.Pointer[policySet]
 	denies   *denyCache
 	metrics  *metrics
 	log      *slog.Logger
@@ -184,29 +185,21 @@ func New(opts Options) (*Guard, error) {
 		remote:   opts.Remote,
 		failMode: opts.FailMode,
 		local:    opts.Local,
-		divided:  map[*algo.Policy]*algo.Policy{},
-		ids:      map[*algo.Policy]uint32{},
+		divisor:  opts.LocalDivisor,
 		log:      opts.Logger,
 		clock:    opts.Clock,
 	}
 	g.scratch.New = func() any { return new(scratch) }
 	g.sharded, _ = opts.Store.(Sharded)
 	g.prober, _ = opts.Store.(Prober)
-	for i, p := range opts.Policies {
-		g.ids[p] = uint32(i)
-		if opts.Remote && opts.FailMode == FailLocal {
-			d, err := p.Divided(opts.LocalDivisor)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("guard: policy %q divided by %d: %w", p.Name(), opts.LocalDivisor, err))
-				continue
-			}
-			g.divided[p] = d
-		}
+	set, err := g.newPolicySet(opts.Policies)
+	if err != nil {
+		errs = append(errs, err)
 	}
+	g.policies.Store(set)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	var err error
 	if g.metrics, err = newMetrics(opts.Registry); err != nil {
 		return nil, err
 	}
@@ -215,6 +208,66 @@ func New(opts Options) (*Guard, error) {
 	}
 	g.breakers = newBreakers(opts.BreakerFailures, opts.BreakerBackoff, opts.BreakerMaxBackoff, opts.ProbeTimeout, g)
 	return g, nil
+}
+
+// policyKey identifies a policy across rule sets: its name and algorithm,
+// as the stores' keys do. A policy rebuilt with a new limit is its
+// predecessor's successor.
+type policyKey struct {
+	name string
+	alg  algo.Algorithm
+}
+
+func keyOf(p *algo.Policy) policyKey { return policyKey{p.Name(), p.Spec().Algorithm} }
+
+// policySet is what the guard knows of the policies in force, swapped
+// whole by RegisterPolicies. It is keyed by identity, so that a request decided
+// under the previous set finds its policy's successor.
+type policySet struct {
+	// divided holds, with fail mode local, each policy divided for the
+	// local store.
+	divided map[policyKey]*algo.Policy
+	// ids are the deny cache's names for the policies.
+	ids map[policyKey]uint32
+}
+
+// newPolicySet checks and builds the set of ps: each must divide by the
+// local divisor when the local store may decide.
+func (g *Guard) newPolicySet(ps []*algo.Policy) (*policySet, error) {
+	set := &policySet{divided: map[policyKey]*algo.Policy{}, ids: map[policyKey]uint32{}}
+	var errs []error
+	for i, p := range ps {
+		k := keyOf(p)
+		set.ids[k] = uint32(i)
+		if g.remote && g.failMode == FailLocal {
+			d, err := p.Divided(g.divisor)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("guard: policy %q divided by %d: %w", p.Name(), g.divisor, err))
+				continue
+			}
+			set.divided[k] = d
+		}
+	}
+	return set, errors.Join(errs...)
+}
+
+// RegisterPolicies puts ps in force in place of the policies the guard was
+// built with, or last given (decide.Engine.SetRules calls it when a rule
+// set is swapped): it checks them all first and, on any problem, keeps the
+// previous ones and reports every problem. A policy
+// whose name and algorithm are unchanged keeps its state in the stores;
+// the deny cache forgets what it remembered, which the previous limits
+// decided.
+func (g *Guard) RegisterPolicies(ps []*algo.Policy) error {
+	set, err := g.newPolicySet(ps)
+	if err != nil {
+		return err
+	}
+	g.policies.Store(set)
+	if g.denies != nil {
+		g.denies.clear()
+	}
+	return nil
 }
 
 // Start gets a remote store ready (see Warmer) and starts probing. If the
@@ -336,8 +389,9 @@ func (m FailMode) decide(g *Guard, ctx context.Context, sc *scratch, reqs []algo
 
 // localRequests returns reqs with the local store's divided policies.
 func (g *Guard) localRequests(dst, reqs []algo.Request) []algo.Request {
+	divided := g.policies.Load().divided
 	for _, q := range reqs {
-		if d, ok := g.divided[q.Policy]; ok {
+		if d, ok := divided[keyOf(q.Policy)]; ok {
 			q.Policy = d
 			q.Cost = min(q.EffectiveCost(), d.MaxCost())
 		}
@@ -385,12 +439,17 @@ func (g *Guard) Ready() (ready bool, detail string) {
 // answer is known; the others consumed nothing and are reported as allowing.
 func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.Time) bool {
 	hit := -1
+	ids := g.policies.Load().ids
 	for i := range reqs {
 		q := &reqs[i]
 		if q.Shadow {
 			continue
 		}
-		if r, ok := g.denies.get(g.ids[q.Policy], q.Key, q.EffectiveCost(), now); ok {
+		id, known := ids[keyOf(q.Policy)]
+		if !known {
+			continue
+		}
+		if r, ok := g.denies.get(id, q.Key, q.EffectiveCost(), now); ok {
 			res[i], hit = r, i
 			break
 		}
@@ -413,10 +472,11 @@ func (g *Guard) remember(reqs []algo.Request, res []algo.Result, now time.Time) 
 	if g.denies == nil {
 		return
 	}
+	ids := g.policies.Load().ids
 	for i := range reqs {
 		q := &reqs[i]
-		if !q.Shadow && res[i].Reason == algo.ReasonLimited {
-			g.denies.put(g.ids[q.Policy], q.Key, q.EffectiveCost(), res[i], now)
+		if id, known := ids[keyOf(q.Policy)]; known && !q.Shadow && res[i].Reason == algo.ReasonLimited {
+			g.denies.put(id, q.Key, q.EffectiveCost(), res[i], now)
 		}
 	}
 }

@@ -53,6 +53,7 @@ type config struct {
 	RedisTimeout          time.Duration `env:"REDIS_TIMEOUT" envDefault:"50ms"`
 	RedisPoolSize         int           `env:"REDIS_POOL_SIZE" envDefault:"4"`
 	Rules                 string        `env:"RULES"`
+	RulesFile             string        `env:"RULES_FILE"`
 	TrustedProxies        []string      `env:"TRUSTED_PROXIES" envDefault:"127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"`
 	DenyStatus            int           `env:"DENY_STATUS" envDefault:"429"`
 	FailMode              string        `env:"FAIL_MODE" envDefault:"local"`
@@ -92,6 +93,7 @@ type settings struct {
 	config
 	rules          []*rules.Rule
 	defaultRules   bool
+	rulesHash      string // of the rules in force, see rulesHash
 	failMode       guard.FailMode
 	trusted        []netip.Prefix
 	allow, block   []netip.Prefix
@@ -195,21 +197,40 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
 	grpcSettings(&c, s, problem)
 
-	if _, set := environ[envPrefix+"RULES"]; !set {
-		c.Rules, s.defaultRules = rules.Default, true
-	}
-	rs, err := rules.Parse(c.Rules)
-	if err != nil {
-		for _, e := range unjoin(err) {
-			problem("RULES", e)
+	_, rulesSet := environ[envPrefix+"RULES"]
+	switch {
+	case c.RulesFile != "" && rulesSet:
+		problem("RULES_FILE", errors.New("set together with AUTHLIMIT_RULES: set one of them"))
+	case c.RulesFile != "":
+		rs, err := loadRulesFile(c.RulesFile)
+		if err != nil {
+			for _, e := range unjoin(err) {
+				problem("RULES_FILE", e)
+			}
 		}
+		s.rules = rs
+	default:
+		if !rulesSet {
+			c.Rules, s.defaultRules = rules.Default, true
+		}
+		rs, err := rules.Parse(c.Rules)
+		if err != nil {
+			for _, e := range unjoin(err) {
+				problem("RULES", e)
+			}
+		}
+		s.rules = rs
 	}
-	s.rules = rs
-	for _, r := range rs {
+	rulesVar := "RULES"
+	if c.RulesFile != "" {
+		rulesVar = "RULES_FILE"
+	}
+	for _, r := range s.rules {
 		for _, w := range r.Warnings() {
-			s.warnings = append(s.warnings, envPrefix+"RULES: "+w)
+			s.warnings = append(s.warnings, envPrefix+rulesVar+": "+w)
 		}
 	}
+	s.rulesHash = rulesHash(s.rules)
 
 	if len(c.TrustedProxies) == 1 && strings.TrimSpace(c.TrustedProxies[0]) == "none" {
 		s.trusted = nil
@@ -222,6 +243,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	if c.DenyStatus < 400 || c.DenyStatus > 599 {
 		problem("DENY_STATUS", fmt.Errorf("%d is not a 4xx or 5xx status (nginx auth_request passes only 401 and 403: use 403 and map it to 429)", c.DenyStatus))
 	}
+	var err error
 	if s.failMode, err = guard.ParseFailMode(c.FailMode); err != nil {
 		problem("FAIL_MODE", err)
 	}
@@ -677,8 +699,11 @@ func (s *settings) describe() string {
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
 	suffix := ""
-	if s.defaultRules {
+	switch {
+	case s.defaultRules:
 		suffix = " (AUTHLIMIT_RULES unset: the default rule)"
+	case s.RulesFile != "":
+		suffix = fmt.Sprintf(" (from %s, reloaded when it changes or on SIGHUP; hash %s)", s.RulesFile, s.rulesHash)
 	}
 	fmt.Fprintf(&b, "  rules%s:\n", suffix)
 	for _, r := range s.rules {

@@ -92,6 +92,22 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer a.close()
+	if err := a.reload.watch(ctx); err != nil {
+		return err
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				a.reload.reload("SIGHUP")
+			}
+		}
+	}()
 
 	var l net.Listener
 	if s.listenNetwork == "unix" {
@@ -122,6 +138,8 @@ type app struct {
 	server  *fasthttp.Server
 	log     *slog.Logger
 	closers []func() error
+	// reload reloads AUTHLIMIT_RULES_FILE.
+	reload *reloader
 	// accepted counts the connections the decision listener accepts (see
 	// newListener).
 	accepted prometheus.Counter
@@ -300,6 +318,10 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.engine = e
+	if a.reload, err = newReloader(s, e, reg, log, time.Now); err != nil {
+		a.close()
+		return nil, err
+	}
 	h, err := handler.New(handler.Options{
 		Engine:       e,
 		Ready:        g,
