@@ -497,3 +497,33 @@ func (g *Guard) circuitChanged(shard int, from, to state) {
 }
 
 var _ Store = (*Guard)(nil)
+
+// Peek reports what the store would decide for reqs, consuming nothing
+// (see algo.Peek): it asks the store itself, past the deny cache and the
+// circuits, and its error is the store's. It decides nothing, so it counts
+// in no metric.
+func (g *Guard) Peek(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error) {
+	return algo.Peek(ctx, g.store, reqs, res)
+}
+
+// Reset forgets the state of each request's policy for its key, in the
+// store and in the local store of fail mode local, and empties the deny
+// cache, which would otherwise still deny what was forgotten.
+func (g *Guard) Reset(ctx context.Context, reqs []algo.Request) error {
+	if g.denies != nil {
+		defer g.denies.clear()
+	}
+	for _, s := range []Store{g.store, g.local} {
+		if s == nil {
+			continue
+		}
+		r, ok := s.(algo.Resetter)
+		if !ok {
+			return fmt.Errorf("guard: the store %T cannot reset", s)
+		}
+		if err := r.Reset(ctx, reqs); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -321,4 +322,22 @@ func peer(ctx *fasthttp.RequestCtx) netip.Addr {
 		}
 	}
 	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+// ReadInput reads ctx into in as /auth reads a subrequest, for a front
+// that asks the engine about a request without deciding it (the admin
+// API): the same method, URI, host and URL headers, and the client found
+// in X-Forwarded-For and X-Real-IP behind the trusted proxies and ctx's
+// peer, which the caller vouches for as a proxy. in refers to ctx's
+// headers: it is valid while ctx is.
+func (h *Handler) ReadInput(ctx *fasthttp.RequestCtx, in *decide.Input) {
+	hdr := &ctx.Request.Header
+	p := peer(ctx)
+	proxies := rules.Proxies{Trusted: append(slices.Clip(h.proxies.Trusted), netip.PrefixFrom(p, p.BitLen()))}
+	ip := proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.PeekCanonical(xRealIP), p)
+	sc := &scratch{}
+	if !h.read(ctx, sc, ip) {
+		sc.in.Refuse(ip, "invalid-url", "The "+h.urlHeader+" header is missing, repeated, or not an absolute URL with a host.")
+	}
+	*in = sc.in
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/front/rls"
-	"github.com/authlimit/authlimit/guard"
 )
 
 // grpcSettings reads AUTHLIMIT_GRPC_LISTEN and AUTHLIMIT_RLS_CONFIG: the
@@ -97,13 +96,14 @@ const readinessInterval = time.Second
 // AUTHLIMIT_RLS_CONFIG is set), for POST /json and ShouldRateLimit, and the
 // gRPC server (when AUTHLIMIT_GRPC_LISTEN is set), listening at once so
 // that a port in use stops authlimit at start.
-func (a *app) newFronts(s *settings, g *guard.Guard, reg prometheus.Registerer) error {
+func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if s.rls != nil {
-		svc, err := rls.New(rls.Options{Config: s.rls, Decider: g, Registry: reg, Logger: a.log})
+		svc, err := a.newRLS(s.rls, reg)
 		if err != nil {
 			return err
 		}
-		a.rls = svc
+		a.rls = &rlsSwitch{}
+		a.rls.cur.Store(svc)
 	}
 	if s.GRPCListen == "" {
 		return nil
@@ -123,6 +123,29 @@ func (a *app) newFronts(s *settings, g *guard.Guard, reg prometheus.Registerer) 
 	// should authlimit stop before serving.
 	a.closers = append(a.closers, func() error { f.stopWatching(); f.server.Stop(); _ = l.Close(); return nil })
 	return nil
+}
+
+// newRLS builds the rate-limit service of cfg. Its metrics replace those of
+// the service it replaces on a reload.
+func (a *app) newRLS(cfg *envoyconf.Config, reg prometheus.Registerer) (*rls.Service, error) {
+	return rls.New(rls.Options{Config: cfg, Decider: a.guard, Registry: replacingRegisterer{reg}, Logger: a.log})
+}
+
+// newRLSReloader reloads AUTHLIMIT_RLS_CONFIG into the service in force.
+func (a *app) newRLSReloader(s *settings, reg prometheus.Registerer) (*rlsReloader, error) {
+	hash, err := hashRLS(s.RLSConfig)
+	if err != nil {
+		return nil, &ConfigError{Var: envPrefix + "RLS_CONFIG", Err: err}
+	}
+	return &rlsReloader{
+		path:  s.RLSConfig,
+		cfg:   s.rls,
+		hash:  hash,
+		front: a.rls,
+		union: a.union,
+		build: func(cfg *envoyconf.Config) (*rls.Service, error) { return a.newRLS(cfg, reg) },
+		log:   a.log,
+	}, nil
 }
 
 // watchReadiness keeps the health service's overall status ("") in step

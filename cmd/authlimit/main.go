@@ -31,7 +31,6 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
-	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/rules"
@@ -146,10 +145,13 @@ type app struct {
 	// stopping is closed when shutdown begins: it ends the holds of shaped
 	// requests (see hold).
 	stopping chan struct{}
+	// union gives the guard the policies of the rules and of
+	// AUTHLIMIT_RLS_CONFIG together.
+	union *policyUnion
 	// rls answers ShouldRateLimit and POST /json; nil without
 	// AUTHLIMIT_RLS_CONFIG. grpc serves gRPC; nil without
 	// AUTHLIMIT_GRPC_LISTEN.
-	rls  *rls.Service
+	rls  *rlsSwitch
 	grpc *grpcFront
 }
 
@@ -301,9 +303,13 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		}
 		log.Warn("redis not ready at start; deciding with the fail mode until it answers", "err", msg, "fail_mode", s.failMode.String())
 	}
+	a.union = &policyUnion{Guard: g, rls: s.rlsPolicies()}
+	for _, r := range s.rules {
+		a.union.rules = append(a.union.rules, r.Policy)
+	}
 	e, err := decide.New(decide.Options{
 		Rules:      s.rules,
-		Decider:    g,
+		Decider:    a.union,
 		AllowCIDRs: s.allow,
 		BlockCIDRs: s.block,
 		IPv4Prefix: s.IPv4Prefix,
@@ -318,10 +324,6 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.engine = e
-	if a.reload, err = newReloader(s, e, reg, log, time.Now); err != nil {
-		a.close()
-		return nil, err
-	}
 	h, err := handler.New(handler.Options{
 		Engine:       e,
 		Ready:        g,
@@ -339,7 +341,18 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.handler = h
-	if err := a.newFronts(s, g, reg); err != nil {
+	if err := a.newFronts(s, reg); err != nil {
+		a.close()
+		return nil, err
+	}
+	var rr *rlsReloader
+	if a.rls != nil {
+		if rr, err = a.newRLSReloader(s, reg); err != nil {
+			a.close()
+			return nil, err
+		}
+	}
+	if a.reload, err = newReloader(s, e, rr, reg, log, time.Now); err != nil {
 		a.close()
 		return nil, err
 	}

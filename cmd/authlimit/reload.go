@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -37,72 +38,156 @@ var (
 	_ decide.PolicyRegistrar = (*guard.Guard)(nil)
 )
 
-// reloadDebounce is how long the rules file must stay quiet after a change
-// before it is read: a write in place comes as several events, and reading
-// between them would see a part of the file.
+// reloadDebounce is how long the configuration files must stay quiet after
+// a change before they are read: a write in place comes as several events,
+// and reading between them would see a part of a file.
 const reloadDebounce = 100 * time.Millisecond
 
-// reloader reloads AUTHLIMIT_RULES_FILE: when it changes and on SIGHUP.
+// The configurations a reloader reloads, as the config label of the
+// reload metrics names them.
+const (
+	configRules = "rules" // AUTHLIMIT_RULES_FILE (or AUTHLIMIT_RULES, read once)
+	configRLS   = "rls"   // AUTHLIMIT_RLS_CONFIG
+)
+
+// reloader reloads AUTHLIMIT_RULES_FILE and AUTHLIMIT_RLS_CONFIG: when
+// they change, on SIGHUP and on the admin API's reload.
 type reloader struct {
 	path   string // AUTHLIMIT_RULES_FILE; empty: the rules come from AUTHLIMIT_RULES
 	target ruleSetter
-	log    *slog.Logger
-	clock  func() time.Time
+	// rls reloads AUTHLIMIT_RLS_CONFIG; nil without it.
+	rls   *rlsReloader
+	log   *slog.Logger
+	clock func() time.Time
 
-	mu   sync.Mutex // one reload at a time
-	hash string     // of the rules in force
+	mu     sync.Mutex           // one reload at a time
+	hash   string               // of the rules in force
+	loaded map[string]time.Time // when each configuration in force was loaded
 
 	reloads     *prometheus.CounterVec
-	lastSuccess prometheus.Gauge
+	lastSuccess *prometheus.GaugeVec
 	info        *prometheus.GaugeVec
 }
 
-// newReloader registers the configuration's metrics and says the rules in
-// force.
-func newReloader(s *settings, target ruleSetter, reg prometheus.Registerer, log *slog.Logger, clock func() time.Time) (*reloader, error) {
+// reloadResult is what one reload did to one configuration.
+type reloadResult struct {
+	// Config is configRules or configRLS.
+	Config string `json:"config"`
+	// Source is the file or directory read.
+	Source string `json:"source"`
+	// Result is success (the new configuration is in force), unchanged
+	// (it means what the one in force does), error (refused: the one in
+	// force stays) or static (read once at start: nothing to reload).
+	Result string `json:"result"`
+	// Hash identifies the configuration in force afterwards.
+	Hash string `json:"hash"`
+	// Errors are the mistakes of a refused configuration, each naming
+	// the variable.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// newReloader registers the configuration's metrics and says the
+// configurations in force.
+func newReloader(s *settings, target ruleSetter, rls *rlsReloader, reg prometheus.Registerer, log *slog.Logger, clock func() time.Time) (*reloader, error) {
 	r := &reloader{
 		path:   s.RulesFile,
 		target: target,
+		rls:    rls,
 		log:    log,
 		clock:  clock,
 		hash:   s.rulesHash,
+		loaded: map[string]time.Time{},
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "authlimit_config_reloads_total",
-			Help: "Reloads of AUTHLIMIT_RULES_FILE by result: success (the new rules are in force), error (refused: the previous rules stay).",
-		}, []string{"result"}),
-		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Help: "Reloads by configuration (rules: AUTHLIMIT_RULES_FILE; rls: AUTHLIMIT_RLS_CONFIG) and result: success (the new configuration is in force), error (refused: the previous one stays).",
+		}, []string{"config", "result"}),
+		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "authlimit_config_last_reload_success_timestamp_seconds",
-			Help: "When the rules in force were loaded: at start, or by the last successful reload.",
-		}),
+			Help: "When the configuration in force was loaded: at start, or by the last successful reload.",
+		}, []string{"config"}),
 		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "authlimit_config_info",
-			Help: "1, labelled with the hash of the rules in force (as -check prints it).",
-		}, []string{"hash"}),
+			Help: "1, labelled with the configuration and the hash of the one in force (as -check prints it).",
+		}, []string{"config", "hash"}),
 	}
 	for _, c := range []prometheus.Collector{r.reloads, r.lastSuccess, r.info} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register config metrics: %w", err)
 		}
 	}
-	for _, result := range []string{"success", "error"} {
-		r.reloads.WithLabelValues(result)
+	now := clock()
+	r.inForce(configRules, "", r.hash, now)
+	if rls != nil {
+		r.inForce(configRLS, "", rls.hash, now)
 	}
-	r.info.WithLabelValues(r.hash).Set(1)
-	r.lastSuccess.Set(float64(clock().UnixNano()) / 1e9)
 	return r, nil
 }
 
-// reload reads the rules file and, if it holds other rules than those in
-// force, checks them whole and puts them in force. A file with any
-// mistake leaves the rules in force and logs every mistake, as a start
-// would; so does a set the guard or the engine refuses.
-func (r *reloader) reload(trigger string) {
-	if r.path == "" {
-		r.log.Info("nothing to reload: the rules come from AUTHLIMIT_RULES, read at start", "trigger", trigger)
-		return
+// inForce records that the configuration with hash is in force since
+// now, replacing previous.
+func (r *reloader) inForce(config, previous, hash string, now time.Time) {
+	for _, result := range []string{"success", "error"} {
+		r.reloads.WithLabelValues(config, result)
 	}
+	if previous != "" {
+		r.info.DeleteLabelValues(config, previous)
+	}
+	r.info.WithLabelValues(config, hash).Set(1)
+	r.lastSuccess.WithLabelValues(config).Set(float64(now.UnixNano()) / 1e9)
+	r.loaded[config] = now
+}
+
+// loadedAt returns the hashes of the configurations in force and when the
+// latest of them was loaded.
+func (r *reloader) state() (rulesHash, rlsHash string, at time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for _, t := range r.loaded {
+		if t.After(at) {
+			at = t
+		}
+	}
+	if r.rls != nil {
+		rlsHash = r.rls.hash
+	}
+	return r.hash, rlsHash, at
+}
+
+// reload reloads every configuration that can be: see reloadRules and
+// rlsReloader.reload.
+func (r *reloader) reload(trigger string) []reloadResult {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := []reloadResult{r.reloadRules(trigger)}
+	if r.rls != nil {
+		res := r.rls.reload(trigger)
+		r.count(res)
+		out = append(out, res)
+	}
+	return out
+}
+
+// count counts a reload's result in the metrics.
+func (r *reloader) count(res reloadResult) {
+	switch res.Result {
+	case "error":
+		r.reloads.WithLabelValues(res.Config, "error").Inc()
+	case "success":
+		r.reloads.WithLabelValues(res.Config, "success").Inc()
+	}
+}
+
+// reloadRules reads the rules file and, if it holds other rules than those
+// in force, checks them whole and puts them in force. A file with any
+// mistake leaves the rules in force and logs every mistake, as a start
+// would; so does a set the guard or the engine refuses.
+func (r *reloader) reloadRules(trigger string) reloadResult {
+	res := reloadResult{Config: configRules, Source: r.path, Hash: r.hash}
+	if r.path == "" {
+		r.log.Info("nothing to reload: the rules come from AUTHLIMIT_RULES, read at start", "trigger", trigger)
+		res.Source, res.Result = envPrefix+"RULES", "static"
+		return res
+	}
 	rs, err := readRulesStable(r.path)
 	if err == nil {
 		err = checkSuccession(r.target.Rules(), rs)
@@ -111,23 +196,27 @@ func (r *reloader) reload(trigger string) {
 	if err == nil {
 		if hash = rulesHash(rs); hash == r.hash {
 			r.log.Debug("rules file changed, its rules did not", "file", r.path, "trigger", trigger, "hash", hash)
-			return
+			res.Result = "unchanged"
+			return res
 		}
 		err = r.target.SetRules(rs)
 	}
 	if err != nil {
-		r.reloads.WithLabelValues("error").Inc()
+		res.Result = "error"
+		r.count(res)
 		for _, e := range unjoin(err) {
-			r.log.Error("rules reload refused; the previous rules stay in force", "trigger", trigger, "err", (&ConfigError{Var: envPrefix + "RULES_FILE", Err: e}).Error(), "hash", r.hash)
+			msg := (&ConfigError{Var: envPrefix + "RULES_FILE", Err: e}).Error()
+			res.Errors = append(res.Errors, msg)
+			r.log.Error("rules reload refused; the previous rules stay in force", "trigger", trigger, "err", msg, "hash", r.hash)
 		}
-		return
+		return res
 	}
-	r.reloads.WithLabelValues("success").Inc()
-	r.lastSuccess.Set(float64(r.clock().UnixNano()) / 1e9)
-	r.info.Reset()
-	r.info.WithLabelValues(hash).Set(1)
+	res.Result, res.Hash = "success", hash
+	r.count(res)
+	r.inForce(configRules, r.hash, hash, r.clock())
 	r.log.Info("rules reloaded", "trigger", trigger, "file", r.path, "rules", len(rs), "hash", hash, "previous_hash", r.hash)
 	r.hash = hash
+	return res
 }
 
 // readRulesStable reads the rules file until two reads agree, so that a
@@ -178,22 +267,54 @@ func checkSuccession(old, next []*rules.Rule) error {
 	return errors.Join(errs...)
 }
 
-// watch reloads the rules file when it changes, until ctx ends. It watches
-// the file's directory, not the file: an editor or a Kubernetes ConfigMap
-// replaces the file (a rename, or a swap of the ..data symlink the file
-// points through), and a watch on the file itself would stay on the old
-// one. A file that is a symlink out of its directory has the directory of
-// its target watched too.
+// watch reloads the configuration files when they change, until ctx ends.
+// It watches each file's directory, not the file: an editor or a
+// Kubernetes ConfigMap replaces the file (a rename, or a swap of the
+// ..data symlink the file points through), and a watch on the file itself
+// would stay on the old one. A file that is a symlink out of its directory
+// has the directory of its target watched too. An AUTHLIMIT_RLS_CONFIG
+// that is a directory is watched itself, which sees its ConfigMap's swaps.
 func (r *reloader) watch(ctx context.Context) error {
-	if r.path == "" {
+	var dirs []string
+	if r.path != "" {
+		dirs = append(dirs, fileDirs(r.path)...)
+	}
+	if r.rls != nil {
+		if fi, err := os.Stat(r.rls.path); err == nil && fi.IsDir() {
+			dirs = append(dirs, r.rls.path)
+		} else {
+			dirs = append(dirs, fileDirs(r.rls.path)...)
+		}
+	}
+	if len(dirs) == 0 {
 		return nil
 	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", r.path, err)
+		return fmt.Errorf("watch the configuration: %w", err)
 	}
-	dirs := []string{filepath.Dir(r.path)}
-	if target, err := filepath.EvalSymlinks(r.path); err == nil {
+	seen := map[string]bool{}
+	for _, d := range dirs {
+		if seen[d] {
+			continue
+		}
+		seen[d] = true
+		if err := w.Add(d); err != nil {
+			_ = w.Close()
+			return fmt.Errorf("watch %s: %w", d, err)
+		}
+	}
+	go r.loop(ctx, w)
+	// A change between the start's read and the watch is seen now.
+	r.reload("watch started")
+	return nil
+}
+
+// fileDirs returns the directories to watch for a file: its own and, when
+// it is a symlink out of it, its target's.
+func fileDirs(path string) []string {
+	dirs := []string{filepath.Dir(path)}
+	if target, err := filepath.EvalSymlinks(path); err == nil {
 		// A ConfigMap's file points into a "..<timestamp>" directory
 		// of its own directory, replaced at each update: the watch on
 		// the directory sees that.
@@ -204,16 +325,7 @@ func (r *reloader) watch(ctx context.Context) error {
 			dirs = append(dirs, td)
 		}
 	}
-	for _, d := range dirs {
-		if err := w.Add(d); err != nil {
-			_ = w.Close()
-			return fmt.Errorf("watch %s: %w", d, err)
-		}
-	}
-	go r.loop(ctx, w)
-	// A change between the start's read and the watch is seen now.
-	r.reload("watch started")
-	return nil
+	return dirs
 }
 
 func (r *reloader) loop(ctx context.Context, w *fsnotify.Watcher) {
@@ -229,14 +341,14 @@ func (r *reloader) loop(ctx context.Context, w *fsnotify.Watcher) {
 			if !ok {
 				return
 			}
-			r.log.Debug("rules directory changed", "event", ev.String())
+			r.log.Debug("configuration directory changed", "event", ev.String())
 			quiet.Reset(reloadDebounce)
 		case err, ok := <-w.Errors:
 			if !ok {
 				return
 			}
 			// An overflow loses events: read the file to be sure.
-			r.log.Warn("watching the rules file", "file", r.path, "err", err)
+			r.log.Warn("watching the configuration files", "err", err)
 			quiet.Reset(reloadDebounce)
 		case <-quiet.C:
 			r.reload("file changed")

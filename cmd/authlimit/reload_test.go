@@ -157,7 +157,7 @@ func (a *liveAuthlimit) configHash(t *testing.T) string {
 	}
 	b, _ := io.ReadAll(r.Body)
 	r.Body.Close()
-	m := regexp.MustCompile(`(?m)^authlimit_config_info\{hash="([0-9a-f]+)"\} 1$`).FindAllStringSubmatch(string(b), -1)
+	m := regexp.MustCompile(`(?m)^authlimit_config_info\{config="rules",hash="([0-9a-f]+)"\} 1$`).FindAllStringSubmatch(string(b), -1)
 	if len(m) != 1 {
 		t.Fatalf("authlimit_config_info has %d series, want 1", len(m))
 	}
@@ -339,7 +339,7 @@ func TestRulesFileReloadUnderLoad(t *testing.T) {
 			changed := time.Now()
 			tt.change(d, t, tt.text)
 			if tt.text == rulesBad {
-				for a.metric(t, `authlimit_config_reloads_total{result="error"}`) < 1 {
+				for a.metric(t, `authlimit_config_reloads_total{config="rules",result="error"}`) < 1 {
 					if time.Since(changed) > 2*time.Second {
 						t.Fatal("no refused reload 2s after a bad file was written")
 					}
@@ -387,7 +387,7 @@ func TestRulesFileReloadUnderLoad(t *testing.T) {
 				r.Body.Close()
 			}
 			after := a.configHash(t)
-			success := a.metric(t, `authlimit_config_reloads_total{result="success"}`)
+			success := a.metric(t, `authlimit_config_reloads_total{config="rules",result="success"}`)
 			if tt.text == rulesBad {
 				if after != before || success != 0 {
 					t.Errorf("after a bad file: hash %s → %s, %v successful reloads; want no change", before, after, success)
@@ -415,7 +415,7 @@ func TestRulesFileReloadUnderLoad(t *testing.T) {
 			if after == before || success != 1 {
 				t.Errorf("hash %s → %s, %v successful reloads; want a new hash and 1", before, after, success)
 			}
-			if ts := a.metric(t, "authlimit_config_last_reload_success_timestamp_seconds"); ts < float64(changed.Unix()) {
+			if ts := a.metric(t, `authlimit_config_last_reload_success_timestamp_seconds{config="rules"}`); ts < float64(changed.Unix()) {
 				t.Errorf("last successful reload at %v, before the change at %v", ts, changed.Unix())
 			}
 		})

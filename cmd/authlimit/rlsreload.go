@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+	"google.golang.org/grpc"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/envoyconf"
+	"github.com/authlimit/authlimit/front/rls"
+	"github.com/authlimit/authlimit/guard"
+)
+
+// policyUnion is the guard as the engine's Decider: the guard must know
+// the policies of the rules and of AUTHLIMIT_RLS_CONFIG together, and each
+// reload gives only its own, so the union is what the guard is given.
+type policyUnion struct {
+	*guard.Guard
+	mu         sync.Mutex
+	rules, rls []*algo.Policy
+}
+
+// RegisterPolicies implements decide.PolicyRegistrar: ps are the rules'
+// policies.
+func (u *policyUnion) RegisterPolicies(ps []*algo.Policy) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if err := u.Guard.RegisterPolicies(slices.Concat(ps, u.rls)); err != nil {
+		return err
+	}
+	u.rules = ps
+	return nil
+}
+
+// setRLS puts the rate-limit service's policies ps in force beside the
+// rules'.
+func (u *policyUnion) setRLS(ps []*algo.Policy) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if err := u.Guard.RegisterPolicies(slices.Concat(u.rules, ps)); err != nil {
+		return err
+	}
+	u.rls = ps
+	return nil
+}
+
+// rlsSwitch serves ShouldRateLimit and POST /json with the rate-limit
+// service of the configuration in force, swapped whole by a reload: a
+// request answers under the service it started with.
+type rlsSwitch struct {
+	pb.UnimplementedRateLimitServiceServer
+	cur atomic.Pointer[rls.Service]
+}
+
+// ShouldRateLimit implements the rate-limit service.
+func (s *rlsSwitch) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	return s.cur.Load().ShouldRateLimit(ctx, r)
+}
+
+// ServeJSON answers POST /json.
+func (s *rlsSwitch) ServeJSON(ctx *fasthttp.RequestCtx) { s.cur.Load().ServeJSON(ctx) }
+
+// Register serves the service on g.
+func (s *rlsSwitch) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
+
+// replacingRegisterer registers collectors in place of those already
+// registered under the same names: a reloaded rate-limit service registers
+// its metrics again, and takes them over (their counts start afresh).
+type replacingRegisterer struct{ reg prometheus.Registerer }
+
+func (r replacingRegisterer) Register(c prometheus.Collector) error {
+	err := r.reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		r.reg.Unregister(are.ExistingCollector)
+		err = r.reg.Register(c)
+	}
+	return err
+}
+
+func (r replacingRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r replacingRegisterer) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
+
+// rlsReloader reloads AUTHLIMIT_RLS_CONFIG: it checks a new configuration
+// whole, gives the guard its policies, and swaps the service.
+type rlsReloader struct {
+	path  string
+	cfg   *envoyconf.Config
+	hash  string
+	front *rlsSwitch
+	union *policyUnion
+	build func(*envoyconf.Config) (*rls.Service, error)
+	log   *slog.Logger
+}
+
+// reload reads the configuration and, if it differs from the one in force,
+// checks it whole and puts it in force. Any mistake leaves the one in
+// force and logs every mistake, as a start would.
+func (r *rlsReloader) reload(trigger string) reloadResult {
+	res := reloadResult{Config: configRLS, Source: r.path, Hash: r.hash}
+	cfg, hash, err := loadRLSStable(r.path)
+	if err == nil && hash == r.hash {
+		r.log.Debug("rate-limit configuration changed, its content did not", "path", r.path, "trigger", trigger, "hash", hash)
+		res.Result = "unchanged"
+		return res
+	}
+	if err == nil {
+		err = checkRLSSuccession(r.cfg, cfg)
+	}
+	if err == nil {
+		err = r.swap(cfg)
+	}
+	if err != nil {
+		res.Result = "error"
+		for _, e := range unjoin(err) {
+			msg := (&ConfigError{Var: envPrefix + "RLS_CONFIG", Err: e}).Error()
+			res.Errors = append(res.Errors, msg)
+			r.log.Error("rate-limit configuration reload refused; the previous configuration stays in force", "trigger", trigger, "err", msg, "hash", r.hash)
+		}
+		return res
+	}
+	r.log.Info("rate-limit configuration reloaded", "trigger", trigger, "path", r.path, "limits", len(cfg.Limits()), "hash", hash, "previous_hash", r.hash)
+	res.Result, res.Hash = "success", hash
+	r.cfg, r.hash = cfg, hash
+	return res
+}
+
+// swap gives the guard cfg's policies and puts a service of cfg in force.
+func (r *rlsReloader) swap(cfg *envoyconf.Config) error {
+	if err := r.union.setRLS(cfg.Policies()); err != nil {
+		return err
+	}
+	svc, err := r.build(cfg)
+	if err != nil {
+		_ = r.union.setRLS(r.cfg.Policies())
+		return err
+	}
+	r.front.cur.Store(svc)
+	return nil
+}
+
+// loadRLSStable loads the configuration at path until its files read the
+// same before and after, so that a file being written is not taken half
+// written. The hash identifies the files' names and contents.
+func loadRLSStable(path string) (*envoyconf.Config, string, error) {
+	var lastErr error
+	for i := 0; i < 5; i++ {
+		before, err := hashRLS(path)
+		if err != nil {
+			return nil, "", err
+		}
+		cfg, err := envoyconf.Load(path)
+		after, herr := hashRLS(path)
+		if herr == nil && after == before {
+			if err != nil {
+				return nil, "", err
+			}
+			return cfg, before, nil
+		}
+		lastErr = err
+		time.Sleep(10 * time.Millisecond)
+	}
+	if lastErr == nil {
+		lastErr = fmt.Errorf("%s kept changing while it was read", path)
+	}
+	return nil, "", lastErr
+}
+
+// hashRLS hashes the files envoyconf.Load reads at path: the file, or the
+// directory's .yaml and .yml files not starting with '.'.
+func hashRLS(path string) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	files := []string{path}
+	if fi.IsDir() {
+		entries, err := os.ReadDir(path)
+		if err != nil {
+			return "", err
+		}
+		files = files[:0]
+		for _, e := range entries {
+			name := e.Name()
+			ext := filepath.Ext(name)
+			if strings.HasPrefix(name, ".") || ext != ".yaml" && ext != ".yml" {
+				continue
+			}
+			files = append(files, filepath.Join(path, name))
+		}
+	}
+	h := sha256.New()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", filepath.Base(f), len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// checkRLSSuccession refuses a configuration that changes the unit of a
+// fixed_window or sliding_window_counter limit in place: its policy keeps
+// its name (the domain and the descriptor path), and its counts, kept in
+// windows of the old unit, would mean nothing under the new one.
+func checkRLSSuccession(old, next *envoyconf.Config) error {
+	type id struct {
+		name string
+		alg  algo.Algorithm
+	}
+	units := map[id]*envoyconf.Limit{}
+	for _, l := range old.Limits() {
+		if l.Policy != nil {
+			units[id{l.Policy.Name(), l.Policy.Spec().Algorithm}] = l
+		}
+	}
+	var errs []error
+	for _, l := range next.Limits() {
+		if l.Policy == nil {
+			continue
+		}
+		s := l.Policy.Spec()
+		if s.Algorithm != algo.FixedWindow && s.Algorithm != algo.SlidingWindowCounter {
+			continue
+		}
+		if o, ok := units[id{s.Name, s.Algorithm}]; ok && o.Unit != l.Unit {
+			errs = append(errs, fmt.Errorf("%s: rate_limit.unit: changes from %s to %s, which %s's counts cannot carry over; remove the limit, reload, wait one %s for its counts to expire, then add it with the new unit", l.Key, o.Unit, l.Unit, s.Algorithm, o.Unit))
+		}
+	}
+	return errors.Join(errs...)
+}
