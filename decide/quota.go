@@ -2,6 +2,7 @@ package decide
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/authlimit/authlimit/algo"
@@ -17,6 +18,10 @@ type QuotaStore interface {
 	// Reset forgets each request's policy's state for its key.
 	Reset(ctx context.Context, reqs []algo.Request) error
 }
+
+// ErrNoRule is Reset's error when the rule it is asked to reset does not
+// apply to the request.
+var ErrNoRule = errors.New("no rule of that name applies to the request")
 
 // Quota is what Decide would answer for a request, read without deciding
 // it: nothing is consumed and no metric counts it.
@@ -107,7 +112,7 @@ func (e *Engine) Reset(ctx context.Context, in *Input, rule string, s QuotaStore
 		q.Rules = append(q.Rules, e.ruleQuota(&o, i, &in.Request, algo.Result{}))
 	}
 	if rule != "" && len(reqs) == 0 {
-		return Quota{}, fmt.Errorf("decide: reset: no rule named %q applies to the request", rule)
+		return Quota{}, fmt.Errorf("decide: reset: rule %q: %w", rule, ErrNoRule)
 	}
 	if len(reqs) == 0 {
 		return q, nil

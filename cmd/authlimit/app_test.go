@@ -27,6 +27,7 @@ type testApp struct {
 	ln     *fasthttputil.InmemoryListener
 	client *fasthttp.Client
 	logs   *syncBuffer
+	app    *app
 }
 
 type syncBuffer struct {
@@ -75,6 +76,7 @@ func startApp(t *testing.T, environ map[string]string) *testApp {
 		}
 	})
 	return &testApp{
+		app:    a,
 		ln:     ln,
 		logs:   logs,
 		client: &fasthttp.Client{Dial: func(string) (net.Conn, error) { return ln.Dial() }, ReadTimeout: 10 * time.Second, DisableHeaderNamesNormalizing: true},

@@ -80,6 +80,8 @@ type config struct {
 	PprofListen           string        `env:"PPROF_LISTEN"`
 	GRPCListen            string        `env:"GRPC_LISTEN"`
 	RLSConfig             string        `env:"RLS_CONFIG"`
+	AdminListen           string        `env:"ADMIN_LISTEN"`
+	AdminToken            string        `env:"ADMIN_TOKEN"`
 }
 
 // defaultConfig holds the defaults that belong to the packages authlimit
@@ -196,6 +198,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
 	grpcSettings(&c, s, problem)
+	adminSettings(&c, problem)
 
 	_, rulesSet := environ[envPrefix+"RULES"]
 	switch {
@@ -698,6 +701,7 @@ func (s *settings) describe() string {
 	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
+	s.describeAdmin(w)
 	suffix := ""
 	switch {
 	case s.defaultRules:

@@ -153,6 +153,8 @@ type app struct {
 	// AUTHLIMIT_GRPC_LISTEN.
 	rls  *rlsSwitch
 	grpc *grpcFront
+	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
+	admin *adminFront
 }
 
 // hold holds a shaped request for d, or until shutdown begins. A shaped
@@ -176,11 +178,14 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	served := make(chan error, 1)
 	go func() { served <- a.server.Serve(l) }()
 	grpcServed := a.serveGRPC()
+	adminServed := a.serveAdmin()
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)
 	case err := <-grpcServed:
 		return grpcServeError(err)
+	case err := <-adminServed:
+		return fmt.Errorf("serve the admin api: %w", err)
 	case <-ctx.Done():
 	}
 	a.log.Info("shutting down", "timeout", timeout.String())
@@ -194,6 +199,7 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	// a byte would hold the shutdown until its read timeout.
 	l.closeSilent()
 	grpcStopped := a.stopGRPC(sctx)
+	a.stopAdmin(sctx)
 	err := a.server.ShutdownWithContext(sctx)
 	<-grpcStopped
 	if err != nil {
@@ -353,6 +359,10 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		}
 	}
 	if a.reload, err = newReloader(s, e, rr, reg, log, time.Now); err != nil {
+		a.close()
+		return nil, err
+	}
+	if err := a.newAdmin(s); err != nil {
 		a.close()
 		return nil, err
 	}

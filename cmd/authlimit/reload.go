@@ -17,6 +17,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
 )
@@ -354,4 +355,11 @@ func (r *reloader) loop(ctx context.Context, w *fsnotify.Watcher) {
 			r.reload("file changed")
 		}
 	}
+}
+
+// rlsConfig returns the rate-limit configuration in force.
+func (r *reloader) rlsConfig() *envoyconf.Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rls.cfg
 }

@@ -1,0 +1,293 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/authlimit/authlimit/internal/redistest"
+)
+
+// adminToken is the tests' admin token.
+const adminToken = "test-admin-token-0123456789"
+
+// adminStores runs f against the memory store, a real Redis and a real
+// Redis Cluster, each with the admin API on.
+func adminStores(t *testing.T, f func(t *testing.T, env map[string]string)) {
+	admin := []string{"AUTHLIMIT_ADMIN_LISTEN", "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN", adminToken}
+	stores(t, func(t *testing.T, env map[string]string) { f(t, with(env, admin...)) })
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.NewCluster(t)
+		f(t, with(map[string]string{
+			"AUTHLIMIT_REDIS_URL":     "redis://" + c.Addrs[0],
+			"AUTHLIMIT_REDIS_ADDRS":   strings.Join(c.Addrs[1:], ","),
+			"AUTHLIMIT_REDIS_MODE":    "cluster",
+			"AUTHLIMIT_KEY_PREFIX":    c.Prefix(t),
+			"AUTHLIMIT_REDIS_TIMEOUT": "1s",
+		}, admin...))
+	})
+}
+
+// adminDo sends one admin request with token (none when empty) and the
+// headers, and returns the status and body.
+func (a *testApp) adminDo(t *testing.T, method, path, token string, headers ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+a.app.admin.listener.Addr().String()+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+type quotaAnswer struct {
+	Client   string `json:"client"`
+	Admitted bool   `json:"admitted"`
+	Verdict  string `json:"verdict"`
+	Rules    []struct {
+		Rule      string `json:"rule"`
+		Algorithm string `json:"algorithm"`
+		Key       []struct {
+			Part, Value string
+		} `json:"key"`
+		Limit     int64    `json:"limit"`
+		Remaining *int64   `json:"remaining"`
+		Reset     *float64 `json:"reset"`
+		Allowed   *bool    `json:"allowed"`
+	} `json:"rules"`
+}
+
+func (a *testApp) quota(t *testing.T, ip string) quotaAnswer {
+	t.Helper()
+	status, body := a.adminDo(t, "GET", "/v1/quota", adminToken, "X-Forwarded-For", ip, "X-Forwarded-Uri", "/api")
+	if status != 200 {
+		t.Fatalf("GET /v1/quota: %d %s", status, body)
+	}
+	var q quotaAnswer
+	if err := json.Unmarshal([]byte(body), &q); err != nil {
+		t.Fatalf("GET /v1/quota %q: %v", body, err)
+	}
+	return q
+}
+
+// TestAdminQuotaAgreesWithAuth: for every algorithm, on every store, GET
+// /v1/quota says what the next /auth decides, with the remaining count
+// before it, and any number of GETs consume nothing.
+func TestAdminQuotaAgreesWithAuth(t *testing.T) {
+	algorithms := []string{"fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "leaky_bucket", "gcra"}
+	adminStores(t, func(t *testing.T, env map[string]string) {
+		for _, alg := range algorithms {
+			t.Run(alg, func(t *testing.T) {
+				a := startApp(t, with(env, "AUTHLIMIT_RULES", fmt.Sprintf("name=r-%s limit=3/1h algorithm=%s", strings.ReplaceAll(alg, "_", "-"), alg)))
+				const ip = "198.51.100.7"
+				admitted := 0
+				for i := 0; i < 5; i++ {
+					q := a.quota(t, ip)
+					if again := a.quota(t, ip); again.Admitted != q.Admitted || *again.Rules[0].Remaining != *q.Rules[0].Remaining {
+						t.Fatalf("step %d: a second GET answers %+v, the first %+v: a GET consumed", i, again, q)
+					}
+					if len(q.Rules) != 1 || q.Rules[0].Algorithm != alg || q.Rules[0].Limit != 3 || q.Client != ip {
+						t.Fatalf("step %d: quota %+v", i, q)
+					}
+					if k := q.Rules[0].Key; len(k) != 1 || k[0].Part != "ip" || k[0].Value != ip {
+						t.Errorf("step %d: key parts %+v, want ip=%s", i, k, ip)
+					}
+					r := a.do(t, authFrom(ip, "X-Forwarded-Uri", "/api"))
+					if got := r.status == 200; got != q.Admitted {
+						t.Fatalf("step %d: quota says admitted=%v, /auth answered %d", i, q.Admitted, r.status)
+					}
+					if r.status == 200 {
+						admitted++
+						if got, want := r.header("X-RateLimit-Remaining"), strconv.FormatInt(*q.Rules[0].Remaining-1, 10); got != want {
+							t.Errorf("step %d: /auth X-RateLimit-Remaining %s, quota said %d before it", i, got, *q.Rules[0].Remaining)
+						}
+					} else if *q.Rules[0].Allowed || *q.Rules[0].Remaining != 0 {
+						t.Errorf("step %d: denied, but quota said %+v", i, q.Rules[0])
+					}
+				}
+				if admitted != 3 {
+					t.Errorf("%d admitted, want 3: the GETs consumed", admitted)
+				}
+			})
+		}
+	})
+}
+
+// TestAdminResetFreesOnlyThatClient: DELETE /v1/quota frees the client's
+// quota, and no other client's.
+func TestAdminResetFreesOnlyThatClient(t *testing.T) {
+	adminStores(t, func(t *testing.T, env map[string]string) {
+		a := startApp(t, with(env, "AUTHLIMIT_RULES", "name=per-ip limit=2/1h algorithm=sliding_window_log; name=global limit=100/1h key=global"))
+		for _, ip := range []string{"198.51.100.1", "198.51.100.2"} {
+			for i := 0; i < 2; i++ {
+				wantStatus(t, a.do(t, authFrom(ip)), 200, "within the limit")
+			}
+			wantStatus(t, a.do(t, authFrom(ip)), 429, "over the limit")
+		}
+		if status, body := a.adminDo(t, "DELETE", "/v1/quota?rule=nosuch", adminToken, "X-Forwarded-For", "198.51.100.1"); status != 404 || !strings.Contains(body, "nosuch") {
+			t.Errorf("DELETE ?rule=nosuch: %d %s, want 404 naming the rule", status, body)
+		}
+		wantStatus(t, a.do(t, authFrom("198.51.100.1")), 429, "after a reset of no rule")
+		status, body := a.adminDo(t, "DELETE", "/v1/quota?rule=per-ip", adminToken, "X-Forwarded-For", "198.51.100.1")
+		if status != 200 || !strings.Contains(body, `"rule": "per-ip"`) || strings.Contains(body, `"rule": "global"`) {
+			t.Fatalf("DELETE ?rule=per-ip: %d %s", status, body)
+		}
+		if !strings.Contains(a.logs.String(), "admin reset a client's quota") || !strings.Contains(a.logs.String(), "198.51.100.1") {
+			t.Errorf("the reset is not logged with its client:\n%s", a.logs.String())
+		}
+		// Both clients were admitted twice: the global rule counts 4.
+		if q := a.quota(t, "198.51.100.1"); !q.Admitted || len(q.Rules) != 2 || *q.Rules[0].Remaining != 2 || *q.Rules[1].Remaining != 100-4 {
+			b, _ := json.Marshal(q)
+			t.Errorf("quota after the reset: %s", b)
+		}
+		for i := 0; i < 2; i++ {
+			wantStatus(t, a.do(t, authFrom("198.51.100.1")), 200, "after the reset")
+		}
+		wantStatus(t, a.do(t, authFrom("198.51.100.1")), 429, "the reset client over the limit again")
+		wantStatus(t, a.do(t, authFrom("198.51.100.2")), 429, "the other client, not reset")
+	})
+}
+
+// TestAdminNeedsTheToken: without the token, or with a wrong one, every
+// endpoint answers 401 and changes nothing.
+func TestAdminNeedsTheToken(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "rules")
+	if err := os.WriteFile(file, []byte("name=r limit=1/1h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, map[string]string{"AUTHLIMIT_RULES_FILE": file, "AUTHLIMIT_ADMIN_LISTEN": "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN": adminToken})
+	wantStatus(t, a.do(t, authFrom("198.51.100.1")), 200, "first")
+	wantStatus(t, a.do(t, authFrom("198.51.100.1")), 429, "second")
+	if err := os.WriteFile(file, []byte("name=r limit=5/1h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := configHash(t, a)
+	for _, token := range []string{"", "wrong", adminToken + "x", adminToken[:len(adminToken)-1], strings.ToUpper(adminToken)} {
+		for _, ep := range [][2]string{{"GET", "/v1/quota"}, {"DELETE", "/v1/quota"}, {"GET", "/v1/config"}, {"POST", "/v1/reload"}, {"GET", "/nosuch"}} {
+			status, body := a.adminDo(t, ep[0], ep[1], token, "X-Forwarded-For", "198.51.100.1")
+			if status != 401 || strings.Contains(body, "198.51.100.1") || strings.Contains(body, "rules") {
+				t.Errorf("%s %s with token %q: %d %s, want 401 and nothing else", ep[0], ep[1], token, status, body)
+			}
+		}
+	}
+	wantStatus(t, a.do(t, authFrom("198.51.100.1")), 429, "after the refused reset")
+	if after := configHash(t, a); after != before {
+		t.Errorf("the rules hash went from %s to %s after refused reloads", before, after)
+	}
+}
+
+// configHash returns the rules hash GET /v1/config reports.
+func configHash(t *testing.T, a *testApp) string {
+	t.Helper()
+	rulesHash, _, _ := a.app.reload.state()
+	return rulesHash
+}
+
+// TestAdminConfigAndReload: GET /v1/config shows the configuration in
+// force, credentials hidden, with its hash; POST /v1/reload reloads it and
+// says what happened, a bad file with every mistake.
+func TestAdminConfigAndReload(t *testing.T) {
+	srv := ownRedis(t)
+	user := redistest.NewACLUser(t, srv, "adm")
+	dir := t.TempDir()
+	file := filepath.Join(dir, "rules")
+	if err := os.WriteFile(file, []byte("name=r limit=1/1h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, map[string]string{"AUTHLIMIT_RULES_FILE": file, "AUTHLIMIT_ADMIN_LISTEN": "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN": adminToken,
+		"AUTHLIMIT_REDIS_URL": user.URL, "AUTHLIMIT_KEY_PREFIX": "adm"})
+	var cfg struct {
+		Config   string            `json:"config"`
+		Hashes   map[string]string `json:"hashes"`
+		LoadedAt time.Time         `json:"loaded_at"`
+	}
+	get := func() {
+		t.Helper()
+		status, body := a.adminDo(t, "GET", "/v1/config", adminToken)
+		if status != 200 {
+			t.Fatalf("GET /v1/config: %d %s", status, body)
+		}
+		if err := json.Unmarshal([]byte(body), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		for _, secret := range []string{user.Password, adminToken} {
+			if strings.Contains(body, secret) {
+				t.Errorf("GET /v1/config shows a credential:\n%s", body)
+			}
+		}
+	}
+	get()
+	first := cfg.Hashes["rules"]
+	if first == "" || !strings.Contains(cfg.Config, "limit=1/1h") || cfg.LoadedAt.IsZero() {
+		t.Fatalf("GET /v1/config: %+v", cfg)
+	}
+	if err := os.WriteFile(file, []byte("name=r limit=7/1h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	status, body := a.adminDo(t, "POST", "/v1/reload", adminToken)
+	if status != 200 || !strings.Contains(body, `"result": "success"`) {
+		t.Fatalf("POST /v1/reload: %d %s", status, body)
+	}
+	get()
+	if cfg.Hashes["rules"] == first || !strings.Contains(cfg.Config, "limit=7/1h") {
+		t.Errorf("after the reload GET /v1/config says %+v", cfg)
+	}
+	if err := os.WriteFile(file, []byte("name=r limit=8/1h bogus=1\nname=s limit=x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	status, body = a.adminDo(t, "POST", "/v1/reload", adminToken)
+	if status != 422 || strings.Count(body, "AUTHLIMIT_RULES_FILE") < 2 {
+		t.Errorf("POST /v1/reload of a bad file: %d %s, want 422 with every mistake", status, body)
+	}
+	get()
+	if !strings.Contains(cfg.Config, "limit=7/1h") {
+		t.Errorf("a bad reload changed the rules in force:\n%s", cfg.Config)
+	}
+	for _, m := range [][2]string{{"PUT", "/v1/quota"}, {"GET", "/v1/reload"}, {"DELETE", "/v1/config"}} {
+		if status, _ := a.adminDo(t, m[0], m[1], adminToken); status != 405 {
+			t.Errorf("%s %s: %d, want 405", m[0], m[1], status)
+		}
+	}
+}
+
+// TestAdminListenNeedsAToken: the admin API without a token stops
+// authlimit at start, naming the variable.
+func TestAdminListenNeedsAToken(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"AUTHLIMIT_ADMIN_LISTEN": "127.0.0.1:0"},
+		{"AUTHLIMIT_ADMIN_LISTEN": "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN": "short"},
+	} {
+		var environ []string
+		for k, v := range env {
+			environ = append(environ, k+"="+v)
+		}
+		err := run(t.Context(), nil, environ, io.Discard, io.Discard)
+		var u usageError
+		if !errors.As(err, &u) || !strings.Contains(err.Error(), "AUTHLIMIT_ADMIN_TOKEN") {
+			t.Errorf("run with %v: %v, want a usage error naming AUTHLIMIT_ADMIN_TOKEN", env, err)
+		}
+	}
+	if _, err := loadConfig(map[string]string{"AUTHLIMIT_ADMIN_LISTEN": "nonsense", "AUTHLIMIT_ADMIN_TOKEN": adminToken}); err == nil || !strings.Contains(err.Error(), "AUTHLIMIT_ADMIN_LISTEN") {
+		t.Errorf("a bad AUTHLIMIT_ADMIN_LISTEN: %v", err)
+	}
+}
