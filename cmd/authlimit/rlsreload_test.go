@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// configMap writes files as a Kubernetes ConfigMap volume holds them: in a
+// "..<version>" directory that ..data points to, each file a symlink
+// through ..data. Each call is one update: a new version directory and an
+// atomic swap of ..data.
+type configMap struct {
+	dir     string
+	version int
+}
+
+func (c *configMap) write(t *testing.T, files map[string]string) {
+	t.Helper()
+	c.version++
+	v := fmt.Sprintf("..2026_11_25_%d", c.version)
+	if err := os.Mkdir(filepath.Join(c.dir, v), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(c.dir, v, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		link := filepath.Join(c.dir, name)
+		if _, err := os.Lstat(link); err != nil {
+			if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tmp := filepath.Join(c.dir, "..data_tmp")
+	if err := os.Symlink(v, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(c.dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rlsYAML(rpu int, unit string) string {
+	return fmt.Sprintf("domain: shop\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: %s\n      requests_per_unit: %d\n", unit, rpu)
+}
+
+// rlsJSON asks POST /json for the api key and returns the status.
+func (a *testApp) rlsJSON(t *testing.T, key string) int {
+	t.Helper()
+	return a.do(t, request{method: "POST", path: "/json", body: `{"domain":"shop","descriptors":[{"entries":[{"key":"api_key","value":"` + key + `"}]}]}`}).status
+}
+
+// TestRLSConfigReloadsLive: AUTHLIMIT_RLS_CONFIG, a ConfigMap directory,
+// reloads when its ..data is swapped: a new limit holds within 2 s and the
+// counts carry over; a bad configuration, or a unit changed in place,
+// leaves the one in force, logs every mistake naming the variable and is
+// counted; the admin API's reload says what happened.
+func TestRLSConfigReloadsLive(t *testing.T) {
+	stores(t, func(t *testing.T, env map[string]string) {
+		cm := &configMap{dir: t.TempDir()}
+		cm.write(t, map[string]string{"ratelimit.yaml": rlsYAML(2, "hour")})
+		a := startApp(t, with(env, "AUTHLIMIT_RLS_CONFIG", cm.dir, "AUTHLIMIT_ADMIN_LISTEN", "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN", adminToken))
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		if err := a.app.reload.watch(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2; i++ {
+			if s := a.rlsJSON(t, "k1"); s != 200 {
+				t.Fatalf("request %d: %d, want 200", i, s)
+			}
+		}
+		if s := a.rlsJSON(t, "k1"); s != 429 {
+			t.Fatalf("over the limit of 2: %d", s)
+		}
+
+		cm.write(t, map[string]string{"ratelimit.yaml": rlsYAML(3, "hour")})
+		deadline := time.Now().Add(2 * time.Second)
+		for metric(t, a, `authlimit_config_reloads_total{config="rls",result="success"}`) < 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the new configuration is not in force 2 s after the swap; logs:\n%s", a.logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		// The counts carry over: 2 spent of the new 3.
+		if s := a.rlsJSON(t, "k1"); s != 200 {
+			t.Errorf("under the new limit of 3 after 2: %d, want 200", s)
+		}
+		if s := a.rlsJSON(t, "k1"); s != 429 {
+			t.Errorf("over the new limit of 3: %d, want 429: the counts did not carry over", s)
+		}
+
+		for i, bad := range []struct{ yaml, want string }{
+			{"domain: shop\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: x}\n  - key: other\n    rate_limt: {}\n", "requests_per_unit"},
+			{rlsYAML(3, "minute"), "rate_limit.unit"},
+		} {
+			refused := metric(t, a, `authlimit_config_reloads_total{config="rls",result="error"}`)
+			cm.write(t, map[string]string{"ratelimit.yaml": bad.yaml})
+			deadline := time.Now().Add(2 * time.Second)
+			for metric(t, a, `authlimit_config_reloads_total{config="rls",result="error"}`) <= refused {
+				if time.Now().After(deadline) {
+					t.Fatalf("bad configuration %d is not refused 2 s after the swap; logs:\n%s", i, a.logs.String())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if logs := a.logs.String(); !strings.Contains(logs, "AUTHLIMIT_RLS_CONFIG") || !strings.Contains(logs, bad.want) {
+				t.Errorf("bad configuration %d: the logs do not name the variable and %s:\n%s", i, bad.want, logs)
+			}
+			if s := a.rlsJSON(t, "k1"); s != 429 {
+				t.Errorf("after bad configuration %d: %d, want 429 under the limit in force", i, s)
+			}
+			if s := a.rlsJSON(t, "k2"); s != 200 {
+				t.Errorf("another key after bad configuration %d: %d, want 200", i, s)
+			}
+			status, body := a.adminDo(t, "POST", "/v1/reload", adminToken)
+			if status != 422 || !strings.Contains(body, `"config": "rls"`) || !strings.Contains(body, bad.want) {
+				t.Errorf("POST /v1/reload of bad configuration %d: %d %s", i, status, body)
+			}
+		}
+		// The first bad file had two mistakes: both were logged.
+		if logs := a.logs.String(); !strings.Contains(logs, "rate_limt") {
+			t.Errorf("the second mistake is not logged:\n%s", logs)
+		}
+		cm.write(t, map[string]string{"ratelimit.yaml": rlsYAML(3, "hour")})
+		status, body := a.adminDo(t, "POST", "/v1/reload", adminToken)
+		if status != 200 || !strings.Contains(body, `"result": "unchanged"`) && !strings.Contains(body, `"result": "success"`) {
+			t.Errorf("POST /v1/reload of the good configuration again: %d %s", status, body)
+		}
+	})
+}
