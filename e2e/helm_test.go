@@ -327,6 +327,7 @@ func TestHelmTemplate(t *testing.T) {
 		"ci/monitoring-values.yaml":     {divisor: "2", pdb: true, serviceMonitor: true, prometheusRule: true, networkPolicy: true, redis: true, rulesMap: "ratelimit-rules"},
 		"ci/existing-rules-values.yaml": {divisor: "4", pdb: true, rulesMap: "my-authlimit-rules"},
 		"examples/sidecar-values.yaml":  {divisor: "2", pdb: true, redis: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"proxy"}},
+		"ci/admin-values.yaml":          {divisor: "2", pdb: true, networkPolicy: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"admin"}},
 	}
 	files := chartValuesFiles(t)
 	for _, f := range files {
@@ -503,9 +504,12 @@ func checkChartEnv(t *testing.T, r *chartObjects, w chartWant) {
 	for _, e := range c.Env {
 		switch {
 		case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
-			if e.Name == "AUTHLIMIT_REDIS_URL" {
+			switch e.Name {
+			case "AUTHLIMIT_REDIS_URL":
 				env[e.Name] = "redis://user:secret@redis:6379/0"
-			} else {
+			case "AUTHLIMIT_ADMIN_TOKEN":
+				env[e.Name] = "a-secret-admin-token-of-32-chars"
+			default:
 				env[e.Name] = "secret"
 			}
 		case e.ValueFrom != nil:
@@ -639,6 +643,62 @@ func TestHelmGRPC(t *testing.T) {
 	}
 }
 
+// TestHelmAdmin: admin.enabled adds the admin port to the pod and the
+// Service, sets AUTHLIMIT_ADMIN_LISTEN to it and AUTHLIMIT_ADMIN_TOKEN
+// from the Secret, and lets only networkPolicy.adminFrom reach it.
+func TestHelmAdmin(t *testing.T) {
+	r := helmTemplate(t, "-f", filepath.Join(chartDir, "ci/admin-values.yaml"))
+	var ports []string
+	for _, p := range r.service.Spec.Ports {
+		ports = append(ports, fmt.Sprintf("%s:%d->%s", p.Name, p.Port, p.TargetPort.String()))
+	}
+	if got, want := strings.Join(ports, ","), "http:8080->http,admin:9090->admin"; got != want {
+		t.Errorf("Service ports = %s, want %s", got, want)
+	}
+	c := r.deployment.Spec.Template.Spec.Containers[0]
+	var listen, secret, key string
+	for _, e := range c.Env {
+		switch e.Name {
+		case "AUTHLIMIT_ADMIN_LISTEN":
+			listen = e.Value
+		case "AUTHLIMIT_ADMIN_TOKEN":
+			if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+				t.Fatalf("AUTHLIMIT_ADMIN_TOKEN is not from a Secret: %+v", e)
+			}
+			secret, key = e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key
+		}
+	}
+	var containerPorts []string
+	for _, p := range c.Ports {
+		containerPorts = append(containerPorts, fmt.Sprintf("%s:%d", p.Name, p.ContainerPort))
+	}
+	if listen != ":9090" || secret != "authlimit-admin" || key != "token" || !reflect.DeepEqual(containerPorts, []string{"http:8080", "admin:9090"}) {
+		t.Errorf("AUTHLIMIT_ADMIN_LISTEN = %q, token from %s/%s, container ports %v; want :9090 on port admin, the token from authlimit-admin/token", listen, secret, key, containerPorts)
+	}
+	adminPeers := 0
+	for _, in := range r.networkPolicy.Spec.Ingress {
+		for _, p := range in.Ports {
+			if p.Port != nil && p.Port.String() == "admin" {
+				adminPeers++
+				if len(in.From) != 1 || in.From[0].NamespaceSelector == nil || in.From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "ops" {
+					t.Errorf("the admin port is open to %+v, want the ops namespace alone", in.From)
+				}
+			} else if len(in.From) > 0 && in.From[0].NamespaceSelector != nil && in.From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "ops" {
+				t.Errorf("the operators reach port %s too", p.Port.String())
+			}
+		}
+	}
+	if adminPeers != 1 {
+		t.Errorf("%d NetworkPolicy rules open the admin port, want 1", adminPeers)
+	}
+	off := helmTemplate(t)
+	for _, e := range off.deployment.Spec.Template.Spec.Containers[0].Env {
+		if strings.HasPrefix(e.Name, "AUTHLIMIT_ADMIN_") {
+			t.Errorf("without admin.enabled the chart sets %s", e.Name)
+		}
+	}
+}
+
 // TestHelmSchemaRejects: values.schema.json, and the chart's own checks,
 // refuse bad values with a message naming them.
 func TestHelmSchemaRejects(t *testing.T) {
@@ -661,7 +721,9 @@ func TestHelmSchemaRejects(t *testing.T) {
 		{"service port", "service:\n  port: 70000\n", "port"},
 		{"divisor zero", "localDivisor: 0\n", "localDivisor"},
 		{"redis secret name", "redis:\n  existingSecret: My_Secret\n", "existingSecret"},
-		{"admin is not there yet", "admin:\n  enabled: true\n", "admin"},
+		{"admin without a token", "admin:\n  enabled: true\n", "existingSecret"},
+		{"admin token key empty", "admin:\n  enabled: true\n  existingSecret: s\n  tokenKey: \"\"\n", "tokenKey"},
+		{"admin misspelt", "admin:\n  enable: true\n", "enable"},
 		{"network policy without peers", "networkPolicy:\n  enabled: true\n", "from"},
 		{"scrape interval", "metrics:\n  serviceMonitor:\n    interval: often\n", "interval"},
 		{"autoscaler upside down", "autoscaling:\n  enabled: true\n  minReplicas: 5\n  maxReplicas: 3\n", "minReplicas (5) is more than autoscaling.maxReplicas (3)"},
