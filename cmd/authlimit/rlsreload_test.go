@@ -134,3 +134,65 @@ func TestRLSConfigReloadsLive(t *testing.T) {
 		}
 	})
 }
+
+// TestRulesReloadKeepsRLSPolicies: the guard knows the policies of the
+// rules and of AUTHLIMIT_RLS_CONFIG together, whichever reloads: after a
+// rules reload, a rate-limit service denial is still remembered by the
+// deny cache (which remembers only the policies the guard knows), and
+// after an RLS reload, a rule's denial is.
+func TestRulesReloadKeepsRLSPolicies(t *testing.T) {
+	dir := t.TempDir()
+	rulesFile := filepath.Join(dir, "rules.conf")
+	rlsFile := filepath.Join(dir, "ratelimit.yaml")
+	write := func(path, body string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(rulesFile, "name=r limit=1/1h\n")
+	write(rlsFile, rlsYAML(1, "hour"))
+	a := startApp(t, map[string]string{"AUTHLIMIT_RULES_FILE": rulesFile, "AUTHLIMIT_RLS_CONFIG": rlsFile})
+	hits := func() float64 { return metric(t, a, "authlimit_deny_cache_hits_total") }
+	// rlsDeniedTwice spends a fresh key and reports whether its second
+	// denial came from the deny cache.
+	rlsDeniedTwice := func(key string) bool {
+		t.Helper()
+		if s := a.rlsJSON(t, key); s != 200 {
+			t.Fatalf("first request for %s: %d", key, s)
+		}
+		before := hits()
+		for i := 0; i < 2; i++ {
+			if s := a.rlsJSON(t, key); s != 429 {
+				t.Fatalf("request %d over the limit for %s: %d", i, key, s)
+			}
+		}
+		return hits() > before
+	}
+	authDeniedTwice := func(ip string) bool {
+		t.Helper()
+		wantStatus(t, a.do(t, authFrom(ip)), 200, "first")
+		before := hits()
+		for i := 0; i < 2; i++ {
+			wantStatus(t, a.do(t, authFrom(ip)), 429, "over the limit")
+		}
+		return hits() > before
+	}
+	if !rlsDeniedTwice("k1") || !authDeniedTwice("198.51.100.1") {
+		t.Fatal("the deny cache does not remember denials at start")
+	}
+	write(rulesFile, "name=r limit=1/1h\nname=s limit=5/1h key=global\n")
+	if res := a.app.reload.reload("test"); res[0].Result != "success" {
+		t.Fatalf("rules reload: %+v", res)
+	}
+	if !rlsDeniedTwice("k2") {
+		t.Error("after a rules reload the guard no longer knows the rate-limit service's policies")
+	}
+	write(rlsFile, rlsYAML(1, "hour")+"  - key: other\n    rate_limit:\n      unit: hour\n      requests_per_unit: 9\n")
+	if res := a.app.reload.reload("test"); res[1].Result != "success" {
+		t.Fatalf("rls reload: %+v", res)
+	}
+	if !authDeniedTwice("198.51.100.2") {
+		t.Error("after an RLS reload the guard no longer knows the rules' policies")
+	}
+}
