@@ -148,15 +148,15 @@ type quotaJSON struct {
 
 // ruleJSON is one rule's standing.
 type ruleJSON struct {
-	Rule      string           `json:"rule"`
-	Algorithm string           `json:"algorithm"`
-	Key       []decide.KeyPart `json:"key"`
-	Tag       string           `json:"tag"`
-	Limit     int64            `json:"limit"`
-	Window    string           `json:"window"`
-	Burst     int64            `json:"burst,omitempty"`
-	Cost      int64            `json:"cost"`
-	Shadow    bool             `json:"shadow,omitempty"`
+	Rule      string    `json:"rule"`
+	Algorithm string    `json:"algorithm"`
+	Key       []keyJSON `json:"key"`
+	Tag       string    `json:"tag"`
+	Limit     int64     `json:"limit"`
+	Window    string    `json:"window"`
+	Burst     int64     `json:"burst,omitempty"`
+	Cost      int64     `json:"cost"`
+	Shadow    bool      `json:"shadow,omitempty"`
 	// Remaining, Reset, RetryAfter and Allowed are the rule's answer
 	// with the counts that stand: Remaining before this request's cost.
 	Remaining  *int64   `json:"remaining,omitempty"`
@@ -165,13 +165,22 @@ type ruleJSON struct {
 	Allowed    *bool    `json:"allowed,omitempty"`
 }
 
+// keyJSON is one key part and its value in the request.
+type keyJSON struct {
+	Part  string `json:"part"`
+	Value string `json:"value"`
+}
+
 func rulesJSON(rs []decide.RuleQuota, withResult bool) []ruleJSON {
 	out := make([]ruleJSON, 0, len(rs))
 	for _, r := range rs {
-		spec := r.Rule.Policy.Spec()
+		spec := r.Policy.Spec()
 		j := ruleJSON{
-			Rule: r.Rule.Name, Algorithm: spec.Algorithm.String(), Key: r.Parts, Tag: r.Tag,
+			Rule: r.Rule.Name, Algorithm: spec.Algorithm.String(), Tag: r.Tag,
 			Limit: spec.Limit, Window: spec.Window.String(), Cost: r.Cost, Shadow: r.Shadow,
+		}
+		for _, k := range r.Parts {
+			j.Key = append(j.Key, keyJSON{k.Part, k.Value})
 		}
 		if spec.Algorithm.UsesBurst() {
 			j.Burst = spec.Burst

@@ -41,6 +41,8 @@ type Quota struct {
 type RuleQuota struct {
 	// Rule is the rule, from the set in force.
 	Rule *rules.Rule
+	// Policy is the limit the rule applies to this request.
+	Policy *algo.Policy
 	// Parts are the rule's key parts with the request's values.
 	Parts []KeyPart
 	// Tag is the key tag the state is stored under (algo.AppendTag).
@@ -151,7 +153,7 @@ func (e *Engine) applied(in *Input, o *Outcome) (Quota, bool) {
 
 func (e *Engine) ruleQuota(o *Outcome, i int, q *rules.Request, r algo.Result) RuleQuota {
 	rule := o.ruleOf[i]
-	rq := RuleQuota{Rule: rule, Tag: string(o.reqs[i].Key), Shadow: o.reqs[i].Shadow, Cost: o.reqs[i].EffectiveCost(), Result: r}
+	rq := RuleQuota{Rule: rule, Policy: o.reqs[i].Policy, Tag: string(o.reqs[i].Key), Shadow: o.reqs[i].Shadow, Cost: o.reqs[i].EffectiveCost(), Result: r}
 	for _, p := range rule.Key {
 		var v []byte
 		switch p.Kind {

@@ -67,7 +67,8 @@ type quotaAnswer struct {
 		Rule      string `json:"rule"`
 		Algorithm string `json:"algorithm"`
 		Key       []struct {
-			Part, Value string
+			Part  string `json:"part"`
+			Value string `json:"value"`
 		} `json:"key"`
 		Limit     int64    `json:"limit"`
 		Remaining *int64   `json:"remaining"`

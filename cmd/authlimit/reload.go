@@ -185,7 +185,13 @@ func (r *reloader) count(res reloadResult) {
 func (r *reloader) reloadRules(trigger string) reloadResult {
 	res := reloadResult{Config: configRules, Source: r.path, Hash: r.hash}
 	if r.path == "" {
-		r.log.Info("nothing to reload: the rules come from AUTHLIMIT_RULES, read at start", "trigger", trigger)
+		// With AUTHLIMIT_RLS_CONFIG, whose changes reload too, that
+		// is no news.
+		level := slog.LevelInfo
+		if r.rls != nil {
+			level = slog.LevelDebug
+		}
+		r.log.Log(context.Background(), level, "nothing to reload: the rules come from AUTHLIMIT_RULES, read at start", "trigger", trigger)
 		res.Source, res.Result = envPrefix+"RULES", "static"
 		return res
 	}
