@@ -422,10 +422,15 @@ func TestRulesFileReloadUnderLoad(t *testing.T) {
 	}
 }
 
-// TestSIGHUP: SIGHUP reloads the rules file (and stops nothing); with the
-// rules in AUTHLIMIT_RULES it says there is nothing to reload.
+// TestSIGHUP: SIGHUP reloads the rules file and AUTHLIMIT_RLS_CONFIG (and
+// stops nothing); with the rules in AUTHLIMIT_RULES it says there is
+// nothing to reload.
 func TestSIGHUP(t *testing.T) {
 	d := newRulesDir(t, rulesV1, false)
+	rlsFile := filepath.Join(t.TempDir(), "ratelimit.yaml")
+	if err := os.WriteFile(rlsFile, []byte(rlsYAML(5, "minute")), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		name string
 		env  map[string]string
@@ -433,6 +438,9 @@ func TestSIGHUP(t *testing.T) {
 	}{
 		{"rules file", map[string]string{"AUTHLIMIT_RULES_FILE": d.file}, "trigger=SIGHUP"},
 		{"rules variable", map[string]string{"AUTHLIMIT_RULES": "name=a limit=1/1m"}, "nothing to reload"},
+		// Only the rate-limit configuration's reload logs a hash after
+		// its trigger.
+		{"rls config", map[string]string{"AUTHLIMIT_RULES": "name=a limit=1/1m", "AUTHLIMIT_RLS_CONFIG": rlsFile}, "trigger=SIGHUP hash="},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			a := startBinary(t, tt.env)
