@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // configMap writes files as a Kubernetes ConfigMap volume holds them: in a
@@ -71,6 +73,36 @@ func TestRLSConfigReloadsLive(t *testing.T) {
 		if err := a.app.reload.watch(ctx); err != nil {
 			t.Fatal(err)
 		}
+		// Load all along: every answer is a decision, never an error.
+		stop, loaded := make(chan struct{}), make(chan []int, 1)
+		go func() {
+			var bad []int
+			for {
+				select {
+				case <-stop:
+					loaded <- bad
+					return
+				default:
+				}
+				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+				req.SetRequestURI("http://authlimit/json")
+				req.Header.SetMethod("POST")
+				req.SetBodyString(`{"domain":"shop","descriptors":[{"entries":[{"key":"api_key","value":"load"}]}]}`)
+				if err := a.client.Do(req, resp); err != nil {
+					bad = append(bad, -1)
+				} else if s := resp.StatusCode(); s != 200 && s != 429 {
+					bad = append(bad, s)
+				}
+				fasthttp.ReleaseRequest(req)
+				fasthttp.ReleaseResponse(resp)
+			}
+		}()
+		t.Cleanup(func() {
+			close(stop)
+			if bad := <-loaded; len(bad) > 0 {
+				t.Errorf("under load across the reloads, %d answers were neither 200 nor 429 (-1: no answer): %v", len(bad), bad)
+			}
+		})
 		for i := 0; i < 2; i++ {
 			if s := a.rlsJSON(t, "k1"); s != 200 {
 				t.Fatalf("request %d: %d, want 200", i, s)
