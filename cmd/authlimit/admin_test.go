@@ -292,3 +292,63 @@ func TestAdminListenNeedsAToken(t *testing.T) {
 		t.Errorf("a bad AUTHLIMIT_ADMIN_LISTEN: %v", err)
 	}
 }
+
+// TestAdminQuotaReadsTheSubrequest: GET /v1/quota reads the method, URI,
+// key and cost headers as /auth does, and answers each verdict /auth
+// would: a rule keyed by a header with its value, unmatched without the
+// method, invalid without a key header the rule needs, blocked and
+// allowlisted clients.
+func TestAdminQuotaReadsTheSubrequest(t *testing.T) {
+	a := startApp(t, map[string]string{
+		"AUTHLIMIT_RULES":        "name=login method=POST path=/login key=header:X-Api-Key+ip on_missing=deny limit=5/1h cost=header:X-Cost",
+		"AUTHLIMIT_BLOCK_CIDRS":  "192.0.2.0/24",
+		"AUTHLIMIT_ALLOW_CIDRS":  "198.18.0.0/15",
+		"AUTHLIMIT_ADMIN_LISTEN": "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN": adminToken,
+	})
+	get := func(headers ...string) map[string]any {
+		t.Helper()
+		status, body := a.adminDo(t, "GET", "/v1/quota", adminToken, headers...)
+		if status != 200 {
+			t.Fatalf("GET /v1/quota %v: %d %s", headers, status, body)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(body), &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	login := []string{"X-Forwarded-For", "203.0.113.5", "X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/login?next=/", "X-Api-Key", "k-1", "X-Cost", "2"}
+	q := get(login...)
+	rules, _ := q["rules"].([]any)
+	if q["verdict"] != "allow" || len(rules) != 1 {
+		t.Fatalf("login: %v", q)
+	}
+	r := rules[0].(map[string]any)
+	key, _ := json.Marshal(r["key"])
+	if string(key) != `[{"part":"header:X-Api-Key","value":"k-1"},{"part":"ip","value":"203.0.113.5"}]` || r["cost"] != 2.0 || r["remaining"] != 5.0 {
+		t.Errorf("login rule: %v (key %s)", r, key)
+	}
+	// /auth agrees, and spends the cost of 2.
+	res := a.do(t, request{headers: [][2]string{{"X-Forwarded-For", "203.0.113.5"}, {"X-Forwarded-Method", "POST"}, {"X-Forwarded-Uri", "/login?next=/"}, {"X-Api-Key", "k-1"}, {"X-Cost", "2"}}})
+	wantStatus(t, res, 200, "/auth of the login")
+	if r := get(login...)["rules"].([]any)[0].(map[string]any); r["remaining"] != 3.0 {
+		t.Errorf("after /auth spent 2, quota says %v remaining", r["remaining"])
+	}
+	for _, tt := range []struct {
+		name    string
+		headers []string
+		verdict string
+		kind    string
+	}{
+		{"no method header: GET", []string{"X-Forwarded-For", "203.0.113.5", "X-Forwarded-Uri", "/login", "X-Api-Key", "k-1"}, "unmatched", ""},
+		{"no key header", []string{"X-Forwarded-For", "203.0.113.5", "X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/login"}, "invalid", "missing-key"},
+		{"blocked", []string{"X-Forwarded-For", "192.0.2.7", "X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/login", "X-Api-Key", "k-1"}, "blocked", "blocked"},
+		{"allowlisted", []string{"X-Forwarded-For", "198.18.0.1", "X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/login", "X-Api-Key", "k-1"}, "allowlisted", ""},
+	} {
+		q := get(tt.headers...)
+		admitted := tt.verdict == "unmatched" || tt.verdict == "allowlisted"
+		if q["verdict"] != tt.verdict || q["admitted"] != admitted || q["kind"] != nil && q["kind"] != tt.kind || tt.kind != "" && q["kind"] != tt.kind {
+			t.Errorf("%s: %v, want verdict %s kind %q admitted %v", tt.name, q, tt.verdict, tt.kind, admitted)
+		}
+	}
+}
