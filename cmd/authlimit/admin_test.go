@@ -291,6 +291,13 @@ func TestAdminListenNeedsAToken(t *testing.T) {
 	if _, err := loadConfig(map[string]string{"AUTHLIMIT_ADMIN_LISTEN": "nonsense", "AUTHLIMIT_ADMIN_TOKEN": adminToken}); err == nil || !strings.Contains(err.Error(), "AUTHLIMIT_ADMIN_LISTEN") {
 		t.Errorf("a bad AUTHLIMIT_ADMIN_LISTEN: %v", err)
 	}
+	s, err := loadConfig(map[string]string{"AUTHLIMIT_ADMIN_TOKEN": adminToken})
+	if err != nil || len(s.warnings) != 1 || !strings.Contains(s.warnings[0], "AUTHLIMIT_ADMIN_LISTEN") {
+		t.Errorf("a token without AUTHLIMIT_ADMIN_LISTEN: %v, warnings %q", err, s.warnings)
+	}
+	if out := s.describe(); strings.Contains(out, adminToken) {
+		t.Errorf("-check shows the admin token:\n%s", out)
+	}
 }
 
 // TestAdminQuotaReadsTheSubrequest: GET /v1/quota reads the method, URI,

@@ -198,7 +198,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
 	grpcSettings(&c, s, problem)
-	adminSettings(&c, problem)
+	adminSettings(&c, s, problem)
 
 	_, rulesSet := environ[envPrefix+"RULES"]
 	switch {
