@@ -107,8 +107,10 @@ type Options struct {
 	Local Store
 	// Policies are every policy Decide will be asked about.
 	Policies []*algo.Policy
-	// LocalDivisor divides every policy's limit and burst in Local: the
-	// number of replicas deciding locally at once.
+	// LocalDivisor is the number of replicas deciding locally at once: in
+	// Local, every request costs LocalDivisor times its cost, so that each
+	// replica admits at most its share of every policy and together they
+	// admit at most the policy (see Guard.localRequests).
 	LocalDivisor int
 	// BreakerFailures consecutive failed calls open a shard's circuit.
 	BreakerFailures int
@@ -144,7 +146,8 @@ type Guard struct {
 	prober   Prober
 	failMode FailMode
 	local    Store
-	divided  map[*algo.Policy]*algo.Policy
+	divisor  int64
+	never    map[*algo.Policy]*algo.Policy
 	ids      map[*algo.Policy]uint32
 	denies   *denyCache
 	metrics  *metrics
@@ -184,7 +187,8 @@ func New(opts Options) (*Guard, error) {
 		remote:   opts.Remote,
 		failMode: opts.FailMode,
 		local:    opts.Local,
-		divided:  map[*algo.Policy]*algo.Policy{},
+		divisor:  int64(opts.LocalDivisor),
+		never:    map[*algo.Policy]*algo.Policy{},
 		ids:      map[*algo.Policy]uint32{},
 		log:      opts.Logger,
 		clock:    opts.Clock,
@@ -194,13 +198,16 @@ func New(opts Options) (*Guard, error) {
 	g.prober, _ = opts.Store.(Prober)
 	for i, p := range opts.Policies {
 		g.ids[p] = uint32(i)
-		if opts.Remote && opts.FailMode == FailLocal {
-			d, err := p.Divided(opts.LocalDivisor)
+		if p.MaxCost() == algo.MaxLimit && g.divisor > 1 {
+			// No cost above MaxLimit can be asked of p itself: a
+			// request too costly for a replica's share of p asks
+			// this policy instead, which admits nothing.
+			never, err := algo.NewPolicy(algo.Spec{Name: p.Name(), Algorithm: algo.FixedWindow, Limit: 1, Window: time.Second})
 			if err != nil {
-				errs = append(errs, fmt.Errorf("guard: policy %q divided by %d: %w", p.Name(), opts.LocalDivisor, err))
+				errs = append(errs, fmt.Errorf("guard: policy %q: %w", p.Name(), err))
 				continue
 			}
-			g.divided[p] = d
+			g.never[p] = never
 		}
 	}
 	if len(errs) > 0 {
@@ -327,19 +334,44 @@ func (m FailMode) decide(g *Guard, ctx context.Context, sc *scratch, reqs []algo
 	case FailClosed:
 		return false, ErrUnavailable
 	}
-	local := g.localRequests(sc.reqs[:0], reqs)
+	local := g.localRequests(sc.reqs[:0], reqs, false)
 	start := time.Now()
 	ok, err := g.local.Decide(ctx, local, res)
 	g.metrics.localLatency.Observe(time.Since(start).Seconds())
+	if err == nil && g.divisor > 1 {
+		// Report the replica's share in the request's own units.
+		for i := range reqs {
+			r := &res[i]
+			r.Limit = reqs[i].Policy.Capacity() / g.divisor
+			r.Remaining /= g.divisor
+		}
+	}
 	return ok, err
 }
 
-// localRequests returns reqs with the local store's divided policies.
-func (g *Guard) localRequests(dst, reqs []algo.Request) []algo.Request {
+// localRequests returns reqs as the local store decides them. With a
+// divisor R, a request of cost c costs c·R there: a replica then admits at
+// most 1/R of what the policy admits, for every algorithm, limit and cost,
+// and R replicas together at most the policy, exactly; a limit below R
+// admits nothing locally. (Dividing the limit instead rounds: a limit of 3
+// shared by 4 became 1 each, and a cost above the share had to be charged
+// the share.) A cost whose c·R is more than the policy ever admits is too
+// high on this replica; mirror, which records what the store admitted,
+// charges it the whole share instead.
+func (g *Guard) localRequests(dst, reqs []algo.Request, mirror bool) []algo.Request {
 	for _, q := range reqs {
-		if d, ok := g.divided[q.Policy]; ok {
-			q.Policy = d
-			q.Cost = min(q.EffectiveCost(), d.MaxCost())
+		if g.divisor > 1 {
+			p, c := q.Policy, q.EffectiveCost()
+			switch {
+			case c <= p.MaxCost()/g.divisor:
+				q.Cost = c * g.divisor
+			case mirror:
+				q.Cost = p.MaxCost()
+			case p.MaxCost() < algo.MaxLimit:
+				q.Cost = p.MaxCost() + 1 // cost too high, and nothing consumed
+			default:
+				q.Policy, q.Cost = g.never[p], 2
+			}
 		}
 		dst = append(dst, q)
 	}
@@ -353,7 +385,7 @@ func (g *Guard) mirror(ctx context.Context, sc *scratch, reqs []algo.Request) {
 	if g.failMode != FailLocal {
 		return
 	}
-	local := g.localRequests(sc.reqs[:0], reqs)
+	local := g.localRequests(sc.reqs[:0], reqs, true)
 	res := sc.res[:]
 	if len(local) > len(res) {
 		res = make([]algo.Result, len(local))

@@ -1,0 +1,95 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/authlimit/authlimit/algo"
+)
+
+// replicas returns n guards, each with its own local store and a store that
+// is down, so that every decision is the local fallback's, each guard
+// dividing by n: n replicas deciding apart. The clock stands still.
+func replicas(t *testing.T, n int, p *algo.Policy) []*Guard {
+	t.Helper()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	var gs []*Guard
+	for range n {
+		mem := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1, Clock: clock})
+		local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1, Clock: clock})
+		t.Cleanup(func() { _ = mem.Close(); _ = local.Close() })
+		down := &flaky{mem: mem, broken: map[int]error{0: errDown, 1: errDown}}
+		g, err := New(Options{
+			Store: down, Remote: true, FailMode: FailLocal, Local: local, Policies: []*algo.Policy{p}, LocalDivisor: n,
+			BreakerFailures: 1, BreakerBackoff: time.Hour, BreakerMaxBackoff: time.Hour,
+			ProbeTimeout: time.Second, Registry: prometheus.NewRegistry(), Clock: clock,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.Close)
+		gs = append(gs, g)
+	}
+	return gs
+}
+
+// TestDividedReplicasAdmitAtMostTheLimit: R replicas deciding apart with
+// AUTHLIMIT_LOCAL_DIVISOR=R admit together at most what the policy admits at
+// once, for every algorithm, cost and limit: a limit below R admits nothing,
+// and a cost above one replica's share is too high there rather than
+// charged the share.
+func TestDividedReplicasAdmitAtMostTheLimit(t *testing.T) {
+	for _, a := range algo.Algorithms() {
+		for _, limit := range []int64{1, 3, 7, 10, 1000} {
+			for _, r := range []int{2, 3, 4} {
+				seen := map[int64]bool{}
+				for _, cost := range []int64{1, 2, limit / int64(r), limit/int64(r) + 1, limit} {
+					if cost < 1 || seen[cost] {
+						continue
+					}
+					seen[cost] = true
+					spec := algo.Spec{Name: "p", Algorithm: a, Limit: limit, Window: time.Hour}
+					if a == algo.LeakyBucket {
+						spec.Delay = time.Second
+					}
+					p, err := algo.NewPolicy(spec)
+					if err != nil {
+						t.Fatal(err)
+					}
+					name := fmt.Sprintf("%s/limit=%d/replicas=%d/cost=%d", a, limit, r, cost)
+					t.Run(name, func(t *testing.T) {
+						gs := replicas(t, r, p)
+						var admitted int64
+						share := p.MaxCost() / int64(r)
+						for i := range 2 * r * int(limit/cost+1) {
+							g := gs[i%r]
+							var res [1]algo.Result
+							ok, err := g.Decide(context.Background(), []algo.Request{{Policy: p, Key: []byte("k"), Cost: cost}}, res[:])
+							if err != nil {
+								t.Fatalf("Decide: %v", err)
+							}
+							if ok {
+								admitted += cost
+								continue
+							}
+							if want := cost > share; (res[0].Reason == algo.ReasonCostTooHigh) != want {
+								t.Fatalf("denial %+v on a replica whose share is %d; cost too high = %v, want %v", res[0], share, res[0].Reason == algo.ReasonCostTooHigh, want)
+							}
+						}
+						if admitted > p.MaxCost() {
+							t.Errorf("%d replicas admitted %d, more than the policy's %d", r, admitted, p.MaxCost())
+						}
+						if cost <= share && admitted < int64(r)*cost {
+							t.Errorf("%d replicas admitted %d; each should admit at least one request of %d", r, admitted, cost)
+						}
+					})
+				}
+			}
+		}
+	}
+}
