@@ -192,6 +192,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	if s.redisOptions == nil {
 		m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 		a.closers = append(a.closers, m.Close)
+		registerMemory(reg, m, "primary")
 		gopts.Store = m
 	} else {
 		var client redis.UniversalClient
@@ -220,6 +221,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		if s.failMode == guard.FailLocal {
 			m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 			a.closers = append(a.closers, m.Close)
+			registerMemory(reg, m, "local")
 			gopts.Local = m
 		}
 	}
@@ -281,6 +283,29 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		Logger:          fasthttpLogger{log},
 	}
 	return a, nil
+}
+
+// registerMemory exports how full a memory store is and what its bound
+// gives up; store is primary (the embedded store) or local (the fallback).
+func registerMemory(reg prometheus.Registerer, m *algo.Memory, store string) {
+	labels := prometheus.Labels{"store": store}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "authlimit_memory_keys",
+			Help:        "States the in-memory store holds; at most AUTHLIMIT_MEMORY_MAX_KEYS.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(m.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "authlimit_memory_refused_total",
+			Help:        "Requests denied because the in-memory store was full and no state in it was back to full quota: their new key could not be kept.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(m.Refused()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "authlimit_memory_evicted_total",
+			Help:        "States back to full quota that a full in-memory store removed to keep a new key.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(m.Evicted()) }),
+	)
 }
 
 // refused reports whether Redis answered, but refused authlimit: wrong
