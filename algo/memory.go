@@ -460,11 +460,13 @@ func (m *Memory) dropExpired(sh *shard, now int64, busy []memKey) (int64, bool) 
 
 // rebuild copies sh's maps into new ones sized to what they hold, so that
 // a shard's memory follows its states, not the churn it has seen.
+// (maps.Clone would not: it copies the tables as they are.)
 func (sh *shard) rebuild() {
-	sh.m = maps.Clone(sh.m)
-	sh.logs = maps.Clone(sh.logs)
-	sh.exp = slices.Clip(sh.exp)
-	sh.deleted = 0
+	m := make(map[stateKey]*entry, len(sh.m))
+	maps.Copy(m, sh.m)
+	logs := make(map[stateKey]*entryLog, len(sh.logs))
+	maps.Copy(logs, sh.logs)
+	sh.m, sh.logs, sh.deleted = m, logs, 0
 }
 
 // push adds it to sh's expiry heap.
