@@ -140,7 +140,10 @@ func (c *conn) Read(p []byte) (int, error) {
 		return 0, errBareLF
 	}
 	n, err := c.Conn.Read(p)
-	for n == 0 && isTimeout(err) && c.extend(c.Conn.SetReadDeadline, c.readDeadline(), c.l.timeouts.read) {
+	// A read of nothing without an error (an empty write into an
+	// in-memory pipe) is read again: fasthttp, waiting for a request's
+	// first byte with ReduceMemoryUsage, takes it for a broken reader.
+	for n == 0 && len(p) > 0 && (err == nil || isTimeout(err) && c.extend(c.Conn.SetReadDeadline, c.readDeadline(), c.l.timeouts.read)) {
 		n, err = c.Conn.Read(p)
 	}
 	if n > 0 {
@@ -165,7 +168,9 @@ func (c *conn) Write(p []byte) (int, error) {
 	// pipelined request fasthttp read before this answer is not looked
 	// at: no proxy pipelines, and such a one still gets its 408.)
 	if !bytes.HasPrefix(p, continueLine) {
-		c.scanning, c.head, c.busy = true, c.head[:0], false
+		// head is dropped, not kept for the next request: a waiting
+		// connection holds no buffer.
+		c.scanning, c.head, c.busy = true, nil, false
 	}
 	t := c.l.timeouts
 	n, err := c.Conn.Write(p)
