@@ -46,7 +46,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newListener(tcp, s.MaxHeaderBytes, a.accepted, serverTimeouts)
+	l := a.listener(tcp, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- a.serve(ctx, l, time.Second) }()

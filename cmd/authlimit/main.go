@@ -76,6 +76,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return usageError{fmt.Errorf("configuration:\n%s", indent(err.Error()))}
 	}
+	fdLimit, fdErr := raiseFDLimit()
+	s.limitConns(fdLimit)
 	if *check {
 		fmt.Fprint(stdout, s.describe())
 		return nil
@@ -85,6 +87,12 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 
 	log := newLogger(s, stderr)
+	if fdErr != nil {
+		log.Warn("could not raise the open file limit", "err", fdErr, "limit", fdLimit)
+	}
+	if s.MaxConns > 0 && fdLimit > 0 && uint64(s.MaxConns) > fdLimit {
+		log.Warn("AUTHLIMIT_MAX_CONNS is above the open file limit: beyond the limit, accepts fail and wait instead of closing new connections at once", "max_conns", s.MaxConns, "open_file_limit", fdLimit)
+	}
 	a, err := newApp(ctx, s, log)
 	if err != nil {
 		return err
@@ -99,7 +107,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.Listen, err)
 	}
-	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules))
+	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules), "max_conns", s.maxConns, "open_file_limit", fdLimit)
 	if s.PprofListen != "" {
 		stopPprof, err := servePprof(s.PprofListen, log)
 		if err != nil {
@@ -108,7 +116,18 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		defer stopPprof()
 	}
 
-	return a.serve(ctx, newListener(l, s.MaxHeaderBytes, a.accepted, serverTimeouts), s.ShutdownTimeout)
+	return a.serve(ctx, a.listener(l, s), s.ShutdownTimeout)
+}
+
+// listener wraps the decision listener l with the settings' limits.
+func (a *app) listener(l net.Listener, s *settings) *listener {
+	return newListener(l, listenerConfig{
+		maxHeader: s.MaxHeaderBytes,
+		maxConns:  s.maxConns,
+		timeouts:  serverTimeouts,
+		metrics:   a.conns,
+		log:       a.log,
+	})
 }
 
 // app is a configured authlimit: the handler, its server and its stores.
@@ -118,9 +137,9 @@ type app struct {
 	server  *fasthttp.Server
 	log     *slog.Logger
 	closers []func() error
-	// accepted counts the connections the decision listener accepts (see
+	// conns count what the decision listener does with connections (see
 	// newListener).
-	accepted prometheus.Counter
+	conns connMetrics
 }
 
 // serve answers on l until ctx ends, then shuts down: it stops accepting,
@@ -168,11 +187,21 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	// A proxy that keeps its connections to authlimit alive opens a few and
 	// reuses them: a count that grows with the requests means it does not
 	// (nginx auth_request without proxy_method HEAD, on every denial).
-	a.accepted = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "authlimit_connections_accepted_total",
-		Help: "Connections the decision listener accepted. Behind a proxy that keeps connections alive it grows far slower than authlimit_requests_total.",
-	})
-	reg.MustRegister(a.accepted)
+	a.conns = connMetrics{
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "authlimit_connections_accepted_total",
+			Help: "Connections the decision listener accepted. Behind a proxy that keeps connections alive it grows far slower than authlimit_requests_total.",
+		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "authlimit_connections_rejected_total",
+			Help: "Connections closed at once because AUTHLIMIT_MAX_CONNS connections were open.",
+		}),
+		acceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "authlimit_accept_errors_total",
+			Help: "Failed accepts (such as no file descriptor free), each followed by a wait of 5 ms to 1 s before accepting again.",
+		}),
+	}
+	reg.MustRegister(a.conns.accepted, a.conns.rejected, a.conns.acceptErrors)
 	var policies []*algo.Policy
 	for _, r := range s.rules {
 		policies = append(policies, r.Policy)
