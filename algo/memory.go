@@ -446,6 +446,9 @@ func (m *Memory) dropExpired(sh *shard, now int64, busy []memKey) (int64, bool) 
 				continue
 			}
 			delete(sh.logs, it.h)
+		} else {
+			sh.pop() // no state of its own: cannot happen, counts nothing
+			continue
 		}
 		sh.pop()
 		m.keys.Add(-1)

@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -91,5 +92,57 @@ func TestDividedReplicasAdmitAtMostTheLimit(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestFullLocalStoreNeverHandsOutFreshQuota: the local fallback's bounded
+// store, full, refuses new keys rather than evicting a state that still
+// limits: a flood of new keys during an outage does not reset a client's
+// exhausted quota.
+func TestFullLocalStoreNeverHandsOutFreshQuota(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	mem := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1, Clock: clock})
+	local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1, Clock: clock, MaxKeys: 500})
+	t.Cleanup(func() { _ = mem.Close(); _ = local.Close() })
+	login, err := algo.NewPolicy(algo.Spec{Name: "login", Algorithm: algo.FixedWindow, Limit: 3, Window: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err := algo.NewPolicy(algo.Spec{Name: "api", Algorithm: algo.FixedWindow, Limit: 100, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(Options{
+		Store: &flaky{mem: mem, broken: map[int]error{0: errDown, 1: errDown}}, Remote: true, FailMode: FailLocal, Local: local,
+		Policies: []*algo.Policy{login, api}, LocalDivisor: 1,
+		BreakerFailures: 1, BreakerBackoff: time.Hour, BreakerMaxBackoff: time.Hour,
+		ProbeTimeout: time.Second, Registry: prometheus.NewRegistry(), Clock: clock,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	decide := func(p *algo.Policy, key string) (algo.Result, bool) {
+		var res [1]algo.Result
+		ok, err := g.Decide(context.Background(), []algo.Request{{Policy: p, Key: []byte(key)}}, res[:])
+		if err != nil {
+			t.Fatalf("Decide: %v", err)
+		}
+		return res[0], ok
+	}
+	for i := range 3 {
+		if _, ok := decide(login, "victim"); !ok {
+			t.Fatalf("login %d denied", i+1)
+		}
+	}
+	for i := range 2000 {
+		decide(api, "flood-"+strconv.Itoa(i))
+	}
+	if local.Refused() == 0 {
+		t.Errorf("the full local store refused no new key")
+	}
+	if res, ok := decide(login, "victim"); ok {
+		t.Errorf("the exhausted login passed the local fallback again after a flood of new keys: %+v", res)
 	}
 }

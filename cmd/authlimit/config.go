@@ -249,7 +249,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	positive("LOCAL_DIVISOR", c.LocalDivisor)
 	positive("BREAKER_FAILURES", c.BreakerFailures)
 	positive("MEMORY_MAX_KEYS", c.MemoryMaxKeys)
-	if _, set := environ[envPrefix+"MAX_CONNS"]; set {
+	if v := environ[envPrefix+"MAX_CONNS"]; strings.TrimSpace(v) != "" {
 		positive("MAX_CONNS", c.MaxConns)
 	}
 	if c.IPv4Prefix < 1 || c.IPv4Prefix > 32 {
