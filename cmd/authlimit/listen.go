@@ -239,6 +239,12 @@ func (c *conn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// keptHead is the largest head buffer a connection keeps for its next
+// request. fasthttp reads a waiting connection's first byte alone, so every
+// request's header block starts in head; a small buffer kept saves an
+// allocation per request, a large one is not held by a waiting connection.
+const keptHead = 1 << 10
+
 // continueLine starts the interim answer to "Expect: 100-continue", after
 // which the same request's body comes.
 var continueLine = []byte("HTTP/1.1 100 ")
@@ -248,9 +254,10 @@ func (c *conn) Write(p []byte) (int, error) {
 	// pipelined request fasthttp read before this answer is not looked
 	// at: no proxy pipelines, and such a one still gets its 408.)
 	if !bytes.HasPrefix(p, continueLine) {
-		// head is dropped, not kept for the next request: a waiting
-		// connection holds no buffer.
-		c.scanning, c.head, c.busy = true, nil, false
+		c.scanning, c.head, c.busy = true, c.head[:0], false
+		if cap(c.head) > keptHead {
+			c.head = nil
+		}
 	}
 	t := c.l.timeouts
 	n, err := c.Conn.Write(p)
