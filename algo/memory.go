@@ -389,17 +389,21 @@ func checkRequests(reqs []Request, res []Result) error {
 // nothing is expired, it counts a refusal and reports false, and the
 // soonest expiry it saw.
 func (m *Memory) reserve(sh *shard, now int64, busy []memKey) (bool, int64) {
-	if m.keys.Add(1) <= m.maxKeys {
-		return true, 0
+	for n := m.keys.Load(); n < m.maxKeys; n = m.keys.Load() {
+		if m.keys.CompareAndSwap(n, n+1) {
+			return true, 0
+		}
 	}
-	soonest, ok := m.dropExpired(sh, now, busy)
+	// The count stays: a removed state's place passes to the new one, so
+	// that the count never exceeds the bound, even for a moment.
+	soonest, ok := m.dropExpired(sh, now, busy, false)
 	for i := 0; !ok && i < len(m.shards); i++ {
 		o := &m.shards[i]
 		if o == sh || !o.mu.TryLock() {
 			continue
 		}
 		var at int64
-		at, ok = m.dropExpired(o, now, busy)
+		at, ok = m.dropExpired(o, now, busy, false)
 		o.mu.Unlock()
 		soonest = min(soonest, at)
 	}
@@ -407,15 +411,14 @@ func (m *Memory) reserve(sh *shard, now int64, busy []memKey) (bool, int64) {
 		m.evicted.Add(1)
 		return true, 0
 	}
-	m.keys.Add(-1)
 	m.refused.Add(1)
 	return false, soonest
 }
 
 // dropExpired removes one expired state or log of sh, which the caller
-// holds locked, other than busy's. It reports whether it did; if not, the
-// soonest time one of sh's states may expire.
-func (m *Memory) dropExpired(sh *shard, now int64, busy []memKey) (int64, bool) {
+// holds locked, other than busy's, and uncounts it if uncount. It reports
+// whether it did; if not, the soonest time one of sh's states may expire.
+func (m *Memory) dropExpired(sh *shard, now int64, busy []memKey, uncount bool) (int64, bool) {
 	var asideBuf [8]expiring
 	aside := asideBuf[:0]
 	defer func() {
@@ -451,7 +454,9 @@ func (m *Memory) dropExpired(sh *shard, now int64, busy []memKey) (int64, bool) 
 			continue
 		}
 		sh.pop()
-		m.keys.Add(-1)
+		if uncount {
+			m.keys.Add(-1)
+		}
 		sh.deleted++
 		if n := len(sh.m) + len(sh.logs); sh.deleted > max(2*n, 1024) {
 			sh.rebuild()
@@ -521,7 +526,7 @@ func (m *Memory) Sweep() {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for {
-			if _, ok := m.dropExpired(sh, now, nil); !ok {
+			if _, ok := m.dropExpired(sh, now, nil, true); !ok {
 				break
 			}
 		}
