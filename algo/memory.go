@@ -294,19 +294,25 @@ func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*sha
 			if !p.admits || p.e != nil || p.l != nil {
 				continue
 			}
-			if ok, soonest := m.reserve(shards[i], now, keys); ok {
+			ok, soonest := m.reserve(shards[i], now, keys)
+			switch {
+			case ok:
 				reserved++
-				continue
-			} else if reqs[i].Shadow {
+			case reqs[i].Shadow:
 				// An advisory policy's state is not kept; it
 				// limits no one.
 				p.admits = false
-				continue
-			} else {
+			default:
 				m.keys.Add(-int64(reserved))
 				p.admits, all = false, false
 				p.o.held.Allowed, p.o.held.Reason, p.o.held.Remaining = false, ReasonLimited, 0
-				p.o.held.RetryAfter = micros(max(soonest-now, 1))
+				wait := soonest - now
+				if soonest == math.MaxInt64 {
+					wait = refusedWait // no expiry known: the shards were busy
+				}
+				p.o.held.RetryAfter = micros(max(wait, 1))
+			}
+			if !all {
 				break
 			}
 		}
@@ -381,6 +387,10 @@ func checkRequests(reqs []Request, res []Result) error {
 	}
 	return nil
 }
+
+// refusedWait is the RetryAfter of a refused new key when the store knows of
+// no state about to expire, in microseconds.
+const refusedWait = 1_000_000
 
 // reserve counts a state or log about to be added to sh. A full store
 // first removes an expired one, from sh or from another shard it can lock
