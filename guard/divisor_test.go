@@ -146,3 +146,27 @@ func TestFullLocalStoreNeverHandsOutFreshQuota(t *testing.T) {
 		t.Errorf("the exhausted login passed the local fallback again after a flood of new keys: %+v", res)
 	}
 }
+
+// TestDividedCostAboveTheLargestLimit: a policy whose limit is the largest
+// there is still answers a cost above one replica's share as too high,
+// though no cost R times as large can be asked of the local store.
+func TestDividedCostAboveTheLargestLimit(t *testing.T) {
+	p, err := algo.NewPolicy(algo.Spec{Name: "huge", Algorithm: algo.FixedWindow, Limit: algo.MaxLimit, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := replicas(t, 2, p)
+	for _, tc := range []struct {
+		cost    int64
+		allowed bool
+	}{{algo.MaxLimit, false}, {algo.MaxLimit/2 + 1, false}, {algo.MaxLimit / 2, true}} {
+		var res [1]algo.Result
+		ok, err := gs[0].Decide(context.Background(), []algo.Request{{Policy: p, Key: []byte("k"), Cost: tc.cost}}, res[:])
+		if err != nil {
+			t.Fatalf("cost %d: %v", tc.cost, err)
+		}
+		if ok != tc.allowed || !ok && res[0].Reason != algo.ReasonCostTooHigh {
+			t.Errorf("cost %d on one of 2 replicas: admitted %v, %+v; want admitted %v, else cost too high", tc.cost, ok, res[0], tc.allowed)
+		}
+	}
+}
