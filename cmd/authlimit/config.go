@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -645,37 +647,10 @@ func typeHint(t reflect.Type) string {
 
 // suggest names a known variable close to an unknown one.
 func suggest(k string, known map[string]bool) string {
-	best, bestD := "", 4
-	for name := range known {
-		if d := distance(k, name); d < bestD || d == bestD && name < best {
-			best, bestD = name, d
-		}
+	if best := rules.Closest(k, slices.Collect(maps.Keys(known))); best != "" {
+		return fmt.Sprintf(" (did you mean %s?)", best)
 	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" (did you mean %s?)", best)
-}
-
-// distance is the Levenshtein distance of two short strings.
-func distance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return ""
 }
 
 // unjoin flattens errors.Join trees into their leaves.
