@@ -202,12 +202,14 @@ func (r *report) renderSystems(p func(string, ...any)) {
 	p("| authlimit, 3 rules | `%s` | `%s` |\n", rulesFor("ips", true), rulesFor("hot", true))
 	ips, hot := limitFor("ips"), limitFor("hot")
 	p("| naive, nginx-lua-redis | %d per %dms | %d per %dms |\n", ips.n, ips.ms, hot.n, hot.ms)
-	p("| nginx-limit_req | rate=100r/s burst=200 nodelay | the same |\n\n")
+	p("| nginx-limit_req | rate=100r/s burst=200 nodelay | the same |\n")
+	p("| envoy-ratelimit, authlimit-rls (one YAML file: domain `%s`, descriptor `%s` = the client) | %s | %s |\n\n", rlsDomain, rlsKey, rlsLimitText("ips"), rlsLimitText("hot"))
 }
 
 func (r *report) renderReading(p func(string, ...any)) {
 	p("## How to read\n\n")
 	p("- **decisions/s**: answers that were 200 or the denial (429) per second of the measured window; through nginx or HAProxy, requests per second.\n")
+	p("- **gRPC systems** (envoy-ratelimit, authlimit-rls, authlimit-check) are driven by a gRPC load generator in the harness, closed loop like the HTTP one: N connections are N gRPC client connections (each its own TCP connection and HTTP/2 session) with one unary call in flight each, requests prebuilt. A decision is `OK` or `OVER_LIMIT` (`ShouldRateLimit`), an `ok_response` or a 429 `denied_response` (`Check`); failed calls and other answers are errors. Latency is from the call to its reply.\n")
 	p("- **× null**: decisions/s divided by `null`'s in the same table. The load generator runs in the harness on the same cores as the systems, taking its share from each alike: compare systems by these ratios, not by absolute numbers.\n")
 	p("- **p50, p99, p99.9**: latency seen by the client, from writing the request to reading the last byte of the answer (log-linear histogram, under 2%% bucket error).\n")
 	p("- **errors**: transport errors and statuses other than 200 and the denial, summed over all rounds. **200s, denials**: per run (median).\n")
@@ -287,9 +289,12 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "nginx-auth-null / nginx (auth_request's ceiling)", num: "nginx-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "haproxy-authlimit-redis / haproxy", num: "haproxy-authlimit-redis", den: "haproxy"},
 		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", p99: true, applies: func(w workload) bool { return w.conns == 50 }},
+		{label: "authlimit-rls / envoy-ratelimit (gRPC ShouldRateLimit)", num: "authlimit-rls", den: "envoy-ratelimit"},
+		{label: "authlimit-rls p99 / envoy-ratelimit p99", num: "authlimit-rls", den: "envoy-ratelimit", p99: true},
+		{label: "authlimit-check / authlimit-redis-1 (gRPC Check / HTTP /auth)", num: "authlimit-check", den: "authlimit-redis-1"},
 	}
 	ws := r.workloads()
-	p("## Summary\n\nRatios of decisions/s (the last row: of p99 latency), medians of the rounds. ")
+	p("## Summary\n\nRatios of decisions/s (rows that say p99: of p99 latency), medians of the rounds. ")
 	p("⚠ marks a ratio with a system that had errors, or an authlimit that decided without its store (see the workload's table).\n\n| ratio |")
 	for _, w := range ws {
 		p(" %s |", w)
