@@ -7,7 +7,9 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -17,6 +19,8 @@ import (
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 )
@@ -241,4 +245,69 @@ func startEnvoyRatelimit(ctx context.Context, e *runEnv) (*instance, error) {
 		return nil, err
 	}
 	return &instance{addr: grpcAddr, procs: []*proc{p}, cpuRoots: []int{p.pid()}}, nil
+}
+
+// grpcNull answers every ShouldRateLimit with OK and every Check with an
+// ok_response, deciding nothing: the floor of any gRPC answer, as the null
+// server is of any HTTP answer.
+type grpcNull struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	authv3.UnimplementedAuthorizationServer
+}
+
+func (grpcNull) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+func (grpcNull) Check(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	return &authv3.CheckResponse{Status: &rpcstatus.Status{}, HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{}}}, nil
+}
+
+// serveGRPCNull serves grpcNull until ctx ends.
+func serveGRPCNull(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve-grpc-null", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:0", "address to serve on")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *listen, err)
+	}
+	return serveGRPCNullOn(ctx, l)
+}
+
+// serveGRPCNullOn serves grpcNull on l until ctx ends.
+func serveGRPCNullOn(ctx context.Context, l net.Listener) error {
+	g := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(g, grpcNull{})
+	authv3.RegisterAuthorizationServer(g, grpcNull{})
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(l) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	g.GracefulStop()
+	return nil
+}
+
+// startGRPCNull starts `bench serve-grpc-null` on a free loopback port and
+// waits until it answers Check.
+func startGRPCNull(ctx context.Context, e *runEnv) (*instance, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p, err := startProc(e.dir, "grpc-null", e.o.selfBinary, []string{"serve-grpc-null", "-listen", addr}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(ctx, "gRPC null server", readyTimeout, waitGRPC(addr, checkRPC(nil)), p); err != nil {
+		p.stop()
+		return nil, err
+	}
+	return &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}}, nil
 }

@@ -300,3 +300,33 @@ func TestWaitGRPC(t *testing.T) {
 		t.Errorf("waitGRPC on a failing service = %v, want its gRPC Internal", err)
 	}
 }
+
+// TestGRPCNull checks that the gRPC null server's answers read as
+// admissions for both methods.
+func TestGRPCNull(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- serveGRPCNullOn(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	for _, r := range []*rpc{rlsRPC(clientIPs(1)), checkRPC(clientIPs(1))} {
+		cc, err := dialGRPC(l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		reply := r.newReply()
+		err = cc.Invoke(context.Background(), r.method, r.reqs[0], reply)
+		cc.Close()
+		if v, kind := classifyCall(r, reply, err); v != verdictAllowed {
+			t.Errorf("%s: verdict %d (%s), want allowed", r.method, v, kind)
+		}
+	}
+}

@@ -13,6 +13,8 @@
 //	bench serve-null  -listen ADDR answer 200 with an empty body
 //	bench serve-naive -listen ADDR -redis ADDR -limit N -window D
 //	                               one EVALSHA (INCR, PEXPIRE) per request
+//	bench serve-grpc-null -listen ADDR
+//	                               answer ShouldRateLimit OK and Check OK
 package main
 
 import (
@@ -44,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return serveNull(ctx, args[1:], stderr)
 		case "serve-naive":
 			return serveNaive(ctx, args[1:], stderr)
+		case "serve-grpc-null":
+			return serveGRPCNull(ctx, args[1:], stderr)
 		}
 	}
 	opts, err := parseOptions(args, stderr)
