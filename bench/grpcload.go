@@ -1,22 +1,22 @@
 package main
 
 // This file is the gRPC load generator: closed-loop unary calls, one
-// goroutine per gRPC client connection (its own TCP connection and HTTP/2
-// session) with one call in flight, so that N connections are N concurrent
-// streams over N connections, as the HTTP load generator keeps one request
-// in flight on each of its N connections. Requests are prebuilt; each
-// worker reuses one reply message.
+// goroutine per connection (its own TCP connection and HTTP/2 session, as
+// each gRPC client connection has) with one call in flight, so that N
+// connections are N concurrent streams over N connections, as the HTTP load
+// generator keeps one request in flight on each of its N connections.
+// Calls are prebuilt HTTP/2 frames (grpcwire.go); each worker reuses one
+// reply message.
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -54,9 +54,12 @@ type grpcLoad struct {
 // grpcWorker is one connection's goroutine and its counts, its own until
 // the run ends.
 type grpcWorker struct {
-	allowed, denied uint64
-	failed          map[string]uint64 // errors and other answers, by kind
-	hist            histogram
+	mu                    sync.Mutex
+	conn                  net.Conn // guarded by mu, for interrupt
+	allowed, denied       uint64
+	transport, reconnects uint64
+	failed                map[string]uint64 // gRPC errors and other answers, by kind
+	hist                  histogram
 }
 
 // count records one answer completed in the measured window.
@@ -96,39 +99,14 @@ func classifyCall(r *rpc, reply proto.Message, err error) (verdict, string) {
 	return v, kind
 }
 
-// dialGRPC opens a client connection to a loopback address, in plaintext,
-// without name resolution.
-func dialGRPC(addr string) (*grpc.ClientConn, error) {
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("gRPC client for %s: %w", addr, err)
-	}
-	return cc, nil
-}
-
 // run drives the load like load.run: warm-up, then the measured window,
 // calling atStart and atEnd right at its edges.
 func (l *grpcLoad) run(ctx context.Context, atStart, atEnd func() error) (*loadResult, error) {
-	conns := make([]*grpc.ClientConn, l.conns)
-	defer func() {
-		for _, cc := range conns {
-			if cc != nil {
-				cc.Close()
-			}
-		}
-	}()
-	for i := range conns {
-		cc, err := dialGRPC(l.addr)
-		if err != nil {
-			return nil, err
-		}
-		cc.Connect()
-		conns[i] = cc
+	calls, err := l.rpc.wire(l.addr)
+	if err != nil {
+		return nil, err
 	}
-	// One deadline for the whole run, as the HTTP load has: a hung server
-	// cannot hold the run past its end.
-	callCtx, cancel := context.WithDeadline(ctx, time.Now().Add(l.warmup+l.duration+stopGrace))
-	defer cancel()
+	deadline := time.Now().Add(l.warmup + l.duration + stopGrace)
 	var phase atomic.Int32
 	workers := make([]*grpcWorker, l.conns)
 	var wg sync.WaitGroup
@@ -138,14 +116,16 @@ func (l *grpcLoad) run(ctx context.Context, atStart, atEnd func() error) (*loadR
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.loop(callCtx, conns[i], l.rpc, i*len(l.rpc.reqs)/l.conns, &phase)
+			w.loop(l.addr, l.rpc, calls, i*len(calls)/l.conns, &phase, deadline)
 		}()
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	stop := func() {
 		phase.Store(phaseStop)
-		cancel()
+		for _, w := range workers {
+			w.interrupt()
+		}
 		<-done
 	}
 
@@ -159,7 +139,7 @@ func (l *grpcLoad) run(ctx context.Context, atStart, atEnd func() error) (*loadR
 	}
 	start := time.Now()
 	phase.Store(phaseMeasure)
-	err := sleepCtx(ctx, l.duration)
+	err = sleepCtx(ctx, l.duration)
 	phase.Store(phaseStop)
 	elapsed := time.Since(start)
 	if err != nil {
@@ -170,7 +150,7 @@ func (l *grpcLoad) run(ctx context.Context, atStart, atEnd func() error) (*loadR
 	select {
 	case <-done:
 	case <-time.After(stopGrace):
-		stop() // a server that stopped answering: cancel its calls
+		stop() // a server that stopped answering: cut its connections
 	}
 	if endErr != nil {
 		return nil, endErr
@@ -184,6 +164,8 @@ func mergeGRPC(elapsed time.Duration, workers []*grpcWorker) *loadResult {
 	for _, w := range workers {
 		res.allowed += w.allowed
 		res.denied += w.denied
+		res.transport += w.transport
+		res.reconnects += w.reconnects
 		res.hist.merge(&w.hist)
 		for k, n := range w.failed {
 			if res.failed == nil {
@@ -195,43 +177,133 @@ func mergeGRPC(elapsed time.Duration, workers []*grpcWorker) *loadResult {
 	return res
 }
 
-// loop calls with reqs[first] on, one call at a time, until the phase is
+// loop makes calls[first] on, one call at a time, until the phase is
 // phaseStop. Answers completed in phaseMeasure are counted.
-func (w *grpcWorker) loop(ctx context.Context, cc *grpc.ClientConn, r *rpc, first int, phase *atomic.Int32) {
+func (w *grpcWorker) loop(addr string, r *rpc, calls []*wireCall, first int, phase *atomic.Int32, deadline time.Time) {
 	reply := r.newReply()
 	next := first
+	var c *wireConn
 	for phase.Load() != phaseStop {
-		req := r.reqs[next]
-		if next++; next == len(r.reqs) {
+		if c == nil {
+			var err error
+			if c, err = w.dial(addr, phase, deadline); err != nil {
+				if phase.Load() == phaseMeasure {
+					w.transport++
+				}
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+		}
+		call := calls[next]
+		if next++; next == len(calls) {
 			next = 0
 		}
 		proto.Reset(reply)
 		start := time.Now()
-		err := cc.Invoke(ctx, r.method, req, reply)
+		err := c.call(call, reply)
 		elapsed := time.Since(start)
-		if phase.Load() == phaseMeasure {
+		measured := phase.Load() == phaseMeasure
+		if _, isStatus := status.FromError(err); err != nil && !isStatus {
+			// The connection is unusable: count the call, dial again.
+			if errors.Is(err, errGoAway) {
+				w.reconnects++
+			} else if measured {
+				w.transport++
+			}
+			w.drop(c)
+			c = nil
+			continue
+		}
+		if measured {
 			w.count(r, reply, err, elapsed)
 		}
-		// A connection that is down fails every call at once: do not
-		// spin on it.
-		if status.Code(err) == codes.Unavailable {
-			_ = sleepCtx(ctx, 10*time.Millisecond)
+	}
+	if c != nil {
+		w.drop(c)
+	}
+}
+
+// dial connects and starts HTTP/2, unless the run is stopping, and records
+// the connection so that interrupt can reach it.
+func (w *grpcWorker) dial(addr string, phase *atomic.Int32, deadline time.Time) (*wireConn, error) {
+	nc, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	// One deadline for the whole run, as the HTTP load has: a hung server
+	// cannot hold the run past its end.
+	if err := nc.SetDeadline(deadline); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if phase.Load() == phaseStop {
+		nc.Close()
+		return nil, errors.New("stopping")
+	}
+	c, err := newWireConn(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	w.conn = nc
+	return c, nil
+}
+
+// drop closes the worker's connection.
+func (w *grpcWorker) drop(c *wireConn) {
+	w.mu.Lock()
+	w.conn = nil
+	w.mu.Unlock()
+	c.conn.Close()
+}
+
+// interrupt fails the worker's blocked read or write at once.
+func (w *grpcWorker) interrupt() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn != nil {
+		_ = w.conn.SetDeadline(time.Now())
+	}
+}
+
+// wire prebuilds the rpc's calls for a server at addr.
+func (r *rpc) wire(addr string) ([]*wireCall, error) {
+	calls := make([]*wireCall, len(r.reqs))
+	for i, req := range r.reqs {
+		var err error
+		if calls[i], err = buildWireCall(addr, r.method, req); err != nil {
+			return nil, err
 		}
 	}
+	return calls, nil
 }
 
 // waitGRPC is a readiness check: the probe request gets a decision.
 func waitGRPC(addr string, r *rpc) func() error {
 	return func() error {
-		cc, err := dialGRPC(addr)
+		call, err := buildWireCall(addr, r.method, r.probe)
 		if err != nil {
 			return err
 		}
-		defer cc.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
+		nc, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		if err := nc.SetDeadline(time.Now().Add(2 * time.Second)); err != nil {
+			return err
+		}
+		c, err := newWireConn(nc)
+		if err != nil {
+			return err
+		}
 		reply := r.newReply()
-		err = cc.Invoke(ctx, r.method, r.probe, reply)
+		err = c.call(call, reply)
+		if _, isStatus := status.FromError(err); err != nil && !isStatus {
+			return fmt.Errorf("%s on %s: %w", r.method, addr, err)
+		}
 		if v, kind := classifyCall(r, reply, err); v == verdictOther {
 			return fmt.Errorf("%s on %s: %s", r.method, addr, kind)
 		}
