@@ -3,9 +3,11 @@
 // It starts every system (a null HTTP server, a naive Redis limiter,
 // authlimit on its embedded store and on Redis, nginx alone, with
 // limit_req, with Lua talking to Redis and in front of authlimit, and
-// HAProxy alone and in front of authlimit) as
-// separate processes on loopback ports, drives each with its own closed-loop
-// HTTP/1.1 load generator under every workload, alternating the systems
+// HAProxy alone and in front of authlimit; over gRPC, a null gRPC server,
+// envoyproxy/ratelimit and authlimit answering ShouldRateLimit, and
+// authlimit answering Check) as separate processes on loopback ports,
+// drives each with its own closed-loop HTTP/1.1 or gRPC load generator
+// under every workload, alternating the systems
 // over several rounds, measures Redis memory per key for each algorithm,
 // runs the Go micro-benchmarks and writes the medians to bench/RESULTS.md.
 //
