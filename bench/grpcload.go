@@ -62,7 +62,8 @@ type grpcWorker struct {
 	hist                  histogram
 }
 
-// count records one answer completed in the measured window.
+// count records one answer completed in the measured window: a reply, or
+// a gRPC status other than OK. A call that got no answer is no answer.
 func (w *grpcWorker) count(r *rpc, reply proto.Message, err error, elapsed time.Duration) {
 	kind := ""
 	switch v, k := classifyCall(r, reply, err); v {
@@ -79,11 +80,9 @@ func (w *grpcWorker) count(r *rpc, reply proto.Message, err error, elapsed time.
 		}
 		w.failed[kind]++
 	}
-	// Like the HTTP load, which times every response whatever its status:
-	// every answer is timed, failed calls are not.
-	if err == nil {
-		w.hist.record(elapsed)
-	}
+	// Every answer is timed, whatever it says, as the HTTP load times
+	// every response whatever its status.
+	w.hist.record(elapsed)
 }
 
 // classifyCall is the verdict of one call: its error's gRPC code, or the
@@ -204,10 +203,11 @@ func (w *grpcWorker) loop(addr string, r *rpc, calls []*wireCall, first int, pha
 		elapsed := time.Since(start)
 		measured := phase.Load() == phaseMeasure
 		if _, isStatus := status.FromError(err); err != nil && !isStatus {
-			// The connection is unusable: count the call, dial again.
-			if errors.Is(err, errGoAway) {
+			switch {
+			case errors.Is(err, errGoAway):
+				// Not processed: not an answer, and no error.
 				w.reconnects++
-			} else if measured {
+			case measured:
 				w.transport++
 			}
 			w.drop(c)
@@ -216,6 +216,11 @@ func (w *grpcWorker) loop(addr string, r *rpc, calls []*wireCall, first int, pha
 		}
 		if measured {
 			w.count(r, reply, err, elapsed)
+		}
+		if c.goingAway {
+			w.reconnects++
+			w.drop(c)
+			c = nil
 		}
 	}
 	if c != nil {

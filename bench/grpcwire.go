@@ -58,7 +58,8 @@ const (
 // clientPreface opens every HTTP/2 connection (section 3.4).
 const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-// errGoAway is a connection the server is closing: the client reconnects.
+// errGoAway is a call the server will not process on a connection it is
+// closing: the client reconnects.
 var errGoAway = errors.New("the server sent GOAWAY")
 
 // wireCall is one prebuilt call: a HEADERS frame and a DATA frame ending
@@ -118,6 +119,10 @@ type wireConn struct {
 	next       uint32 // the next stream id
 	sendWindow int64  // the connection's send window
 	received   int    // data received since the last WINDOW_UPDATE
+	// goingAway is set by a GOAWAY: calls up to lastID are answered, no
+	// further call is.
+	goingAway bool
+	lastID    uint32
 	// The answer of the call in flight.
 	httpStatus, grpcStatus, grpcMessage string
 	msg                                 []byte
@@ -150,6 +155,9 @@ func newWireConn(c net.Conn) (*wireConn, error) {
 // status error; any other error leaves the connection unusable.
 func (w *wireConn) call(wc *wireCall, reply proto.Message) error {
 	id := w.next
+	if w.goingAway {
+		return errGoAway
+	}
 	if id > maxStreamID {
 		return errors.New("stream ids exhausted")
 	}
@@ -158,6 +166,9 @@ func (w *wireConn) call(wc *wireCall, reply proto.Message) error {
 	for w.sendWindow < dataLen {
 		if _, err := w.readFrame(0); err != nil {
 			return err
+		}
+		if w.goingAway {
+			return errGoAway
 		}
 	}
 	w.sendWindow -= dataLen
@@ -268,7 +279,13 @@ func (w *wireConn) readFrame(id uint32) (done bool, err error) {
 			return false, w.write(framePing, flagAck, 0, p)
 		}
 	case frameGoAway:
-		return false, errGoAway
+		if len(p) < 8 {
+			return false, errors.New("short GOAWAY")
+		}
+		w.goingAway, w.lastID = true, binary.BigEndian.Uint32(p)&maxStreamID
+		if id > w.lastID {
+			return false, errGoAway
+		}
 	case frameWindowUpdate:
 		if stream == 0 && len(p) == 4 {
 			w.sendWindow += int64(binary.BigEndian.Uint32(p) & maxStreamID)

@@ -6,6 +6,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"net"
 	"strconv"
 	"strings"
@@ -160,9 +161,20 @@ func TestWireCall(t *testing.T) {
 		{"reset", func(p *peer) [][]byte {
 			return [][]byte{frame(frameRSTStream, 0, 1, []byte{0, 0, 0, 7})}
 		}, "stream reset (error code 7)", codes.Unknown},
-		{"goaway", func(p *peer) [][]byte {
+		{"goaway before the call", func(p *peer) [][]byte {
 			return [][]byte{frame(frameGoAway, 0, 0, make([]byte, 8))}
 		}, errGoAway.Error(), codes.Unknown},
+		{"goaway after the call", func(p *peer) [][]byte {
+			return [][]byte{
+				frame(frameGoAway, 0, 0, []byte{0, 0, 0, 1, 0, 0, 0, 0}),
+				frame(frameHeaders, flagEndHeaders, 1, p.headers(":status: 200")),
+				frame(frameData, 0, 1, ok),
+				frame(frameHeaders, flagEndHeaders|flagEndStream, 1, p.headers("grpc-status: 0")),
+			}
+		}, "", codes.OK},
+		{"short goaway", func(p *peer) [][]byte {
+			return [][]byte{frame(frameGoAway, 0, 0, make([]byte, 4))}
+		}, "short GOAWAY", codes.Unknown},
 		{"frame too large", func(p *peer) [][]byte {
 			return [][]byte{appendFrameHeader(nil, maxFrameLen+1, frameData, 0, 1)}
 		}, "over the 16384 allowed", codes.Unknown},
@@ -206,6 +218,13 @@ func TestWireCall(t *testing.T) {
 			}
 			if st, isStatus := status.FromError(err); err != nil && isStatus != (tt.wantCode != codes.Unknown) || isStatus && st.Code() != tt.wantCode {
 				t.Errorf("call error %v: gRPC status %v (%v), want %v", err, st.Code(), isStatus, tt.wantCode)
+			}
+			// After a GOAWAY, even one that let the call through, the
+			// connection takes no further call.
+			if strings.HasPrefix(tt.name, "goaway") {
+				if err := w.call(call, reply); !errors.Is(err, errGoAway) {
+					t.Errorf("call after GOAWAY = %v, want %v", err, errGoAway)
+				}
 			}
 		})
 	}
