@@ -166,6 +166,17 @@ func classifyCheck(m proto.Message) (verdict, string) {
 	}
 }
 
+// grpcRatioRows are the summary's rows for the gRPC systems.
+func grpcRatioRows() []ratioRow {
+	return []ratioRow{
+		{label: "grpc-null / null (a gRPC answer's floor over an HTTP answer's)", num: "grpc-null", den: "null"},
+		{label: "authlimit-check / grpc-null", num: "authlimit-check", den: "grpc-null"},
+		{label: "authlimit-rls / envoy-ratelimit (gRPC ShouldRateLimit)", num: "authlimit-rls", den: "envoy-ratelimit"},
+		{label: "authlimit-rls p99 / envoy-ratelimit p99", num: "authlimit-rls", den: "envoy-ratelimit", p99: true},
+		{label: "authlimit-check / authlimit-redis-1 (gRPC Check / HTTP /auth)", num: "authlimit-check", den: "authlimit-redis-1"},
+	}
+}
+
 // startAuthlimitRLS starts authlimit serving ShouldRateLimit from the
 // rate-limit configuration envoy-ratelimit reads.
 func startAuthlimitRLS(ctx context.Context, e *runEnv) (*instance, error) {

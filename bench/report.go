@@ -289,12 +289,8 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "nginx-auth-null / nginx (auth_request's ceiling)", num: "nginx-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "haproxy-authlimit-redis / haproxy", num: "haproxy-authlimit-redis", den: "haproxy"},
 		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", p99: true, applies: func(w workload) bool { return w.conns == 50 }},
-		{label: "grpc-null / null (a gRPC answer's floor over an HTTP answer's)", num: "grpc-null", den: "null"},
-		{label: "authlimit-check / grpc-null", num: "authlimit-check", den: "grpc-null"},
-		{label: "authlimit-rls / envoy-ratelimit (gRPC ShouldRateLimit)", num: "authlimit-rls", den: "envoy-ratelimit"},
-		{label: "authlimit-rls p99 / envoy-ratelimit p99", num: "authlimit-rls", den: "envoy-ratelimit", p99: true},
-		{label: "authlimit-check / authlimit-redis-1 (gRPC Check / HTTP /auth)", num: "authlimit-check", den: "authlimit-redis-1"},
 	}
+	rows = append(rows, grpcRatioRows()...)
 	ws := r.workloads()
 	p("## Summary\n\nRatios of decisions/s (rows that say p99: of p99 latency), medians of the rounds. ")
 	p("⚠ marks a ratio with a system that had errors, or an authlimit that decided without its store (see the workload's table).\n\n| ratio |")
