@@ -58,9 +58,10 @@ const (
 // clientPreface opens every HTTP/2 connection (section 3.4).
 const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-// errGoAway is a call the server will not process on a connection it is
-// closing: the client reconnects.
-var errGoAway = errors.New("the server sent GOAWAY")
+// errGoAway is a call not made on a connection that takes no more: the
+// server is closing it, or its stream ids are used up. The client
+// reconnects.
+var errGoAway = errors.New("the connection takes no further call")
 
 // wireCall is one prebuilt call: a HEADERS frame and a DATA frame ending
 // the stream, whose stream ids are patched per call.
@@ -155,11 +156,8 @@ func newWireConn(c net.Conn) (*wireConn, error) {
 // status error; any other error leaves the connection unusable.
 func (w *wireConn) call(wc *wireCall, reply proto.Message) error {
 	id := w.next
-	if w.goingAway {
+	if w.goingAway || id > maxStreamID {
 		return errGoAway
-	}
-	if id > maxStreamID {
-		return errors.New("stream ids exhausted")
 	}
 	w.next += 2
 	dataLen := int64(len(wc.frames) - wc.dataOff - frameHeaderLen)

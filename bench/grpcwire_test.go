@@ -390,3 +390,17 @@ func TestBuildWireCall(t *testing.T) {
 		t.Errorf("buildWireCall accepted a request larger than a frame")
 	}
 }
+
+// TestWireStreamIDsExhausted checks that a connection whose stream ids are
+// used up makes no call, and says so as a GOAWAY would.
+func TestWireStreamIDsExhausted(t *testing.T) {
+	w, _ := newPeer(t)
+	w.next = maxStreamID + 2
+	call, err := buildWireCall("127.0.0.1:1", rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, rlsRPC(clientIPs(1)).reqs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.call(call, &rlsv3.RateLimitResponse{}); !errors.Is(err, errGoAway) {
+		t.Errorf("call = %v, want %v", err, errGoAway)
+	}
+}
