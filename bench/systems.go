@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -22,6 +23,7 @@ func systemNames() []string {
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
 		"haproxy", "haproxy-authlimit-redis",
 		"openresty-auth-null", "openresty-authlimit-redis",
+		"grpc-null", "envoy-ratelimit", "authlimit-rls", "authlimit-check",
 	}
 }
 
@@ -36,6 +38,10 @@ type system struct {
 	haproxy   bool   // needs haproxy
 	path      string // the path the load requests
 	start     func(ctx context.Context, e *runEnv) (*instance, error)
+	// rpc, for a gRPC system, builds the requests of the gRPC load from
+	// the workload's clients; nil for an HTTP system.
+	rpc       func(ips []netip.Addr) *rpc
+	ratelimit bool // needs envoyproxy/ratelimit's binary
 }
 
 // runEnv is what a system starts with.
@@ -113,6 +119,10 @@ func catalogue() []system {
 		{name: "haproxy-authlimit-redis", about: "HAProxy (one thread) with the shipped haproxy/haproxy.cfg and haproxy/authlimit.lua: a Lua action → core.httpclient() → the config's listen section → authlimit → Redis, 1 rule; the frontend answers allowed requests itself, as haproxy alone does", haproxy: true, usesRedis: true, path: "/", start: startHAProxyAuthlimit},
 		{name: "openresty-auth-null", about: "OpenResty with the shipped nginx/openresty.conf and nginx/authlimit.lua, as openresty-authlimit-redis, but the null server in authlimit's place: the Lua module's hop alone, the ceiling of any auth server behind it", nginx: true, lua: true, path: "/", start: startOpenRestyAuthNull},
 		{name: "openresty-authlimit-redis", about: "OpenResty (nginx + Lua module) with the shipped nginx/openresty.conf and nginx/authlimit.lua: access_by_lua asks authlimit over pooled cosocket connections (no subrequest) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, lua: true, usesRedis: true, path: "/", start: startOpenRestyAuthlimit},
+		{name: "grpc-null", about: "a grpc-go server answering every `Check` with an `ok_response` and deciding nothing (`bench serve-grpc-null`), driven by the gRPC load with authlimit-check's requests: the floor of any gRPC answer, as null is of any HTTP answer", rpc: checkRPC, start: startGRPCNull},
+		{name: "envoy-ratelimit", about: fmt.Sprintf("envoyproxy/ratelimit %s (built with `go install` from the Go module proxy) answering gRPC `ShouldRateLimit` on Redis from the rate-limit configuration below, its settings at their defaults (a pool of 10 Redis connections, no pipelining window, no local cache of keys over their limit), driven by the gRPC load", ratelimitVersion), usesRedis: true, ratelimit: true, rpc: rlsRPC, start: startEnvoyRatelimit},
+		{name: "authlimit-rls", about: "authlimit on Redis answering gRPC `ShouldRateLimit` from the same rate-limit configuration file (`AUTHLIMIT_RLS_CONFIG`), driven by the gRPC load", usesRedis: true, rpc: rlsRPC, start: startAuthlimitRLS},
+		{name: "authlimit-check", about: "authlimit on Redis answering Envoy's ext_authz gRPC `Check` with the 1 rule of authlimit-redis-1, the client in the request's source address, driven by the gRPC load", usesRedis: true, rpc: checkRPC, start: startAuthlimitCheck},
 	}
 }
 
