@@ -258,7 +258,7 @@ func (r *Redis) probeDecision(ctx context.Context) error {
 	if err := r.evalRaw(ctx, w); err != nil {
 		return fmt.Errorf("probe decision: %w", err)
 	}
-	return r.parseReply(w.ints, w.parts, false)
+	return r.parseReply(w.body, w.parts, false)
 }
 
 // Ping reports whether Redis answers (every primary, for a cluster).
@@ -339,14 +339,26 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 		wait = time.Until(d)
 	}
 	c.deadline = time.Now().Add(wait)
-	c.timer.Reset(wait)
 	select {
 	case <-r.stop:
-		c.timer.Stop()
 		r.calls.Put(c)
 		return false, errClosed
 	default:
 	}
+	if len(r.queue) == 0 {
+		select {
+		case w := <-r.slots:
+			// Nothing waits and a connection is free: this goroutine
+			// sends and reads itself, with no queue, no timer and no
+			// other goroutine woken. The connection's deadline is the
+			// budget (ctx's deadline included; a ctx cancelled without
+			// one is seen when the reply is back).
+			r.alone(w, c)
+			return r.finish(c, reqs, res)
+		default:
+		}
+	}
+	c.timer.Reset(wait)
 	select {
 	case r.queue <- c:
 	default:
@@ -371,6 +383,12 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 		}
 		<-c.done
 	}
+	return r.finish(c, reqs, res)
+}
+
+// finish hands a done call's outcome to its caller, applies its refunds
+// (cluster), and puts it back in the pool.
+func (r *Redis) finish(c *call, reqs []Request, res []Result) (bool, error) {
 	defer r.calls.Put(c)
 	if len(c.lost) > 0 {
 		r.refundNow(c.lost)

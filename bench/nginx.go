@@ -158,7 +158,7 @@ func startNginxLuaRedis(ctx context.Context, e *runEnv) (*instance, error) {
 // proxying to a backend, as the other nginx systems do, so that the ratio to
 // nginx alone measures what the rate limit costs and nothing else.
 func startNginxAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
-	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false), "AUTHLIMIT_DENY_STATUS=403")
+	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false, ""), "AUTHLIMIT_DENY_STATUS=403")
 	if err != nil {
 		return nil, err
 	}

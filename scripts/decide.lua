@@ -25,14 +25,17 @@
 --            (unique to the caller, below 2^52), then per rule: [H] the
 --            policy id, [B] shadow (1: its denial does not deny),
 --            [d] cost, [H] key length and the key
--- Reply: an array of integers: per request, admitted (1 or 0), then per
---   rule allowed (1 or 0), reason (0 none, 1 limited, 2 cost too high),
---   remaining, reset after (µs), retry after (µs), delay (µs), and with
---   flag 1 a refund token for refund.lua: the window index written
---   (fixed_window, sliding_window_counter), the entry's time
---   (sliding_window_log), 0 for the others. An admitted request's allowing
---   rules answer with their counts after consuming; otherwise every rule
---   answers with the counts that stand.
+-- Reply: one string, little-endian binary: per request, [B] admitted
+--   (1 or 0), then per rule [B] allowed (1 or 0), [B] reason (0 none,
+--   1 limited, 2 cost too high), [d] remaining, [d] reset after (µs),
+--   [d] retry after (µs), [d] delay (µs), and with flag 1 [d] a refund
+--   token for refund.lua: the window index written (fixed_window,
+--   sliding_window_counter), the entry's time (sliding_window_log), 0 for
+--   the others. Every value is a whole number; Go reads it as C casts a Lua
+--   number to a Redis integer (towards zero). One string, packed here, costs
+--   Redis a third of what an array of integers does to convert. An
+--   admitted request's allowing rules answer with their counts after
+--   consuming; otherwise every rule answers with the counts that stand.
 --
 -- State, by algorithm, each in one key that expires when its state no longer
 -- matters (a bucket's: a full refill or drain after its last write; hex integers are written with %x, which keeps the keys redis
@@ -68,6 +71,7 @@
 local sunpack, spack = struct.unpack, struct.pack
 local sub, format, find, match = string.sub, string.format, string.find, string.match
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+local concat = table.concat
 local call, pcall = redis.call, redis.pcall
 
 local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
@@ -87,6 +91,12 @@ else
   slack = 3600000
 end
 local tokens_wanted = flags % 2 == 1
+-- The reply formats of a request's first rule (with its admitted byte) and
+-- of the others, with or without refund tokens.
+local FIRST, NEXT = '<BBBdddd', '<BBdddd'
+if tokens_wanted then
+  FIRST, NEXT = '<BBBddddd', '<BBddddd'
+end
 
 -- Policies, by id + 1, each a table of its 6 values and its keys'
 -- lifetime. Tables are built by constructors, sized at once: a table that
@@ -122,9 +132,9 @@ local KEY, ALG, COST, MAXCOST, OK, HREM, HRESET, HRETRY, TREM, TRESET, TDELAY, W
 local R = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 -- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
--- It is the script's only function: every closure a call makes costs Redis
--- an allocation and its collection, so the rest is written inline, and the
--- few helpers a denial needs are made only when one does.
+-- It is the only function every call makes: every closure costs Redis an
+-- allocation and its collection, so the rest is written inline, and the
+-- few helpers that buckets and denials need are made only when one does.
 local function hexes(v)
   if type(v) ~= 'string' then
     if type(v) == 'table' and v.err and not find(v.err, 'WRONGTYPE', 1, true) then
@@ -142,51 +152,12 @@ local function hexes(v)
   return tonumber(a, 16), tonumber(b, 16), tonumber(c, 16)
 end
 
--- The reply, sized for one request of one rule.
--- up(x) is math.ceil(x), and x - x % 1 math.floor(x), exactly: a call
--- into C costs Redis several times what the arithmetic does, so the hot
--- paths call neither.
-local function up(x)
-  local f = x - x % 1
-  if f < x then
-    return f + 1
-  end
-  return f
-end
+-- up and level_at are made by the first bucket rule of a call, the windows'
+-- paths doing the same inline: see the bucket branch below.
+local up, level_at
 
--- level_at is a bucket's level at a time: a token bucket's tokens (a == 4),
--- refilling up to B, or a leaky bucket's (and gcra's) level, draining to 0,
--- from the state (t, x) read, if any.
-local function level_at(a, t, x, B, L, W, at)
-  if a == 4 then
-    if not t then
-      return B
-    end
-    local dt = at - t
-    if dt < 0 then
-      dt = 0
-    end
-    local v = x + dt * L / W
-    if v > B then
-      return B
-    end
-    return v
-  end
-  if not t then
-    return 0
-  end
-  local dt = at - t
-  if dt < 0 then
-    dt = 0
-  end
-  local v = x - dt * L / W
-  if v < 0 then
-    return 0
-  end
-  return v
-end
-
-local reply, r = { 0, 0, 0, 0, 0, 0, 0 }, 0
+-- The reply's strings, one per rule, sized for one.
+local reply, r = { '' }, 0
 for _ = 1, nreq do
   local nrules, rid
   nrules, rid, pos = sunpack('<Bd', blob, pos)
@@ -222,7 +193,10 @@ for _ = 1, nreq do
         if keep then
           R[b + WTTL] = 0
         else
-          local ttl = up(ending / 1000)
+          local ttl = ending / 1000
+          if ttl % 1 > 0 then
+            ttl = ttl - ttl % 1 + 1
+          end
           if ttl < 1 then
             ttl = 1
           end
@@ -271,7 +245,10 @@ for _ = 1, nreq do
         if keep then
           R[b + WTTL] = 0
         else
-          local ttl = up((2 * W - e) / 1000)
+          local ttl = (2 * W - e) / 1000
+          if ttl % 1 > 0 then
+            ttl = ttl - ttl % 1 + 1
+          end
           if ttl < 1 then
             ttl = 1
           end
@@ -355,6 +332,49 @@ for _ = 1, nreq do
         R[b + LTOTAL] = total + c
       end
     else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
+      if not up then
+        -- up(x) is math.ceil(x), and x - x % 1 math.floor(x), exactly: a
+        -- call into C costs Redis several times what the arithmetic does,
+        -- so the hot paths call neither.
+        up = function(x)
+          local f = x - x % 1
+          if f < x then
+            return f + 1
+          end
+          return f
+        end
+        -- level_at is a bucket's level at a time: a token bucket's tokens
+        -- (a == 4), refilling up to B, or a leaky bucket's (and gcra's)
+        -- level, draining to 0, from the state (t, x) read, if any.
+        level_at = function(a, t, x, B, L, W, at)
+          if a == 4 then
+            if not t then
+              return B
+            end
+            local dt = at - t
+            if dt < 0 then
+              dt = 0
+            end
+            local v = x + dt * L / W
+            if v > B then
+              return B
+            end
+            return v
+          end
+          if not t then
+            return 0
+          end
+          local dt = at - t
+          if dt < 0 then
+            dt = 0
+          end
+          local v = x - dt * L / W
+          if v < 0 then
+            return 0
+          end
+          return v
+        end
+      end
       local t, x
       local v = pcall('GET', k)
       if type(v) == 'string' and #v == 16 then
@@ -427,8 +447,6 @@ for _ = 1, nreq do
   end
   -- Phase two: only if the request is admitted, write, and answer with the
   -- counts after consuming; otherwise answer with the counts as they stand.
-  r = r + 1
-  reply[r] = all
   for i = 1, nrules do
     local b = 17 * (i - 1)
     local ok, reason, rem, reset, retry, delay = R[b + OK], 0, R[b + HREM], R[b + HRESET], R[b + HRETRY], 0
@@ -472,12 +490,15 @@ for _ = 1, nreq do
       end
       rem, reset, delay = R[b + TREM], R[b + TRESET], R[b + TDELAY]
     end
-    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] = ok, reason, rem, reset, retry, delay
-    r = r + 6
-    if tokens_wanted then
-      r = r + 1
-      reply[r] = R[b + TOKEN]
+    r = r + 1
+    if i == 1 then
+      reply[r] = spack(FIRST, all, ok, reason, rem, reset, retry, delay, R[b + TOKEN])
+    else
+      reply[r] = spack(NEXT, ok, reason, rem, reset, retry, delay, R[b + TOKEN])
     end
   end
 end
-return reply
+if r == 1 then
+  return reply[1]
+end
+return concat(reply, '', 1, r)
