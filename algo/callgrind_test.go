@@ -88,6 +88,42 @@ func TestCallgrind(t *testing.T) {
 		}
 		t.Logf("%s: %.0f instructions per decision (%.0f, %.0f)", sh.name, (per[0]+per[1])/2, per[0], per[1])
 	}
+	// A batch, as under load: 32 requests of one rule in one script call.
+	{
+		const size = 32
+		p := pol("batch", SlidingWindowCounter)
+		calls := make([]*call, size)
+		w := &worker{}
+		batch := func(round int) {
+			w.batch = w.batch[:0]
+			for i := range calls {
+				if calls[i] == nil {
+					calls[i] = &call{done: make(chan struct{}, 1)}
+				}
+				key := []byte("198.51.100." + strconv.Itoa((round*size+i)%keys))
+				if err := rs.encode(ctx, calls[i], []Request{{Policy: p, Key: key}}); err != nil {
+					t.Fatal(err)
+				}
+				calls[i].deadline = time.Now().Add(time.Minute)
+				w.batch = append(w.batch, calls[i])
+			}
+			rs.run(w, time.Now().Add(time.Minute))
+			for _, c := range calls {
+				<-c.done
+				if c.err != nil || !c.admitted {
+					t.Fatalf("batch: admitted %v, %v", c.admitted, c.err)
+				}
+			}
+		}
+		for i := 0; i < keys/size+1; i++ {
+			batch(i)
+		}
+		srv.zero(t)
+		for i := 0; i < n/size; i++ {
+			batch(i)
+		}
+		t.Logf("1 rule sliding_window_counter, batches of %d: %.0f instructions per decision", size, float64(srv.dump(t))/float64(n/size*size))
+	}
 	// The floor, for comparison: what a limiter that runs INCRBY and
 	// PEXPIRE in one script costs.
 	naive := redis.NewScript("local n = redis.call('INCRBY', KEYS[1], ARGV[1]) if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return n")

@@ -84,7 +84,10 @@ local now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
 local slack = 0
 if now < 0 then
   local t = call('TIME')
-  now = max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH, 0)
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH
+  if now < 0 then
+    now = 0
+  end
 else
   -- A pinned clock runs apart from Redis's own, which expires keys: give
   -- tests an hour of slack so a key never expires under a test's feet.
