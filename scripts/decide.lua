@@ -84,7 +84,8 @@ local now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
 local slack = 0
 if now < 0 then
   local t = call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH
+  -- Arithmetic converts the strings as tonumber does, without its call.
+  now = t[1] * 1000000 + t[2] - EPOCH
   if now < 0 then
     now = 0
   end
@@ -138,9 +139,15 @@ local R = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 -- It is the only function every call makes: every closure costs Redis an
 -- allocation and its collection, so the rest is written inline, and the
 -- few helpers that buckets and denials need are made only when one does.
+-- v is what redis.pcall answered: a string, false (no key) or an error
+-- (a table with err); a string's err is nil, read with no call into C.
 local function hexes(v)
-  if type(v) ~= 'string' then
-    if type(v) == 'table' and v.err and not find(v.err, 'WRONGTYPE', 1, true) then
+  if not v then
+    return nil
+  end
+  local e = v.err
+  if e then
+    if not find(e, 'WRONGTYPE', 1, true) then
       error(v) -- not a wrong type: the key cannot be read (an ACL, say)
     end
     return nil
