@@ -48,12 +48,15 @@ const (
 
 // part is the requests of one call that share a cluster slot, encoded as
 // decide.lua reads a request: [B] count, [d] request id, then per rule [H]
-// policy id, [B] shadow, [d] cost, [H] key length and the key.
+// policy id, [B] shadow, [d] cost, [H] key length and the key. The policy
+// ids are the store's; appendBatch writes over them, in its copy, their
+// places in the batch's policy table.
 type part struct {
 	c     *call
 	buf   []byte
 	idx   []uint8  // which of the call's requests, in order
 	ids   []uint16 // their policy ids
+	idAt  []int    // where their policy ids are in buf
 	costs []int64  // their costs
 	keyAt []int    // where their storage keys are in buf, start and end (cluster)
 	slot  uint16
@@ -88,6 +91,7 @@ func (r *Redis) encode(ctx context.Context, c *call, reqs []Request) error {
 		p.ids = append(p.ids, id)
 		p.costs = append(p.costs, q.EffectiveCost())
 		p.buf[0]++
+		p.idAt = append(p.idAt, len(p.buf))
 		p.buf = binary.LittleEndian.AppendUint16(p.buf, id)
 		shadow := byte(0)
 		if q.Shadow {
@@ -135,7 +139,7 @@ func (r *Redis) partFor(c *call, key []byte) *part {
 	c.parts, p = extend(c.parts)
 	p.c = c
 	p.buf = binary.LittleEndian.AppendUint64(append(p.buf[:0], 0), math.Float64bits(c.id))
-	p.idx, p.ids, p.costs, p.keyAt, p.slot, p.admitted, p.err = p.idx[:0], p.ids[:0], p.costs[:0], p.keyAt[:0], s, false, nil
+	p.idx, p.ids, p.idAt, p.costs, p.keyAt, p.slot, p.admitted, p.err = p.idx[:0], p.ids[:0], p.idAt[:0], p.costs[:0], p.keyAt[:0], s, false, nil
 	return p
 }
 
@@ -174,6 +178,7 @@ type worker struct {
 	reply    bytes.Buffer
 	body     []byte   // decide.lua's reply, in reply
 	seen     []uint32 // per policy id: the batch that last listed it
+	place    []uint16 // per policy id: its place in that batch's table
 	gen      uint32
 	cluster  clusterWork
 }
@@ -449,23 +454,38 @@ func (r *Redis) appendBatch(dst []byte, w *worker, flags byte) []byte {
 		for _, id := range p.ids {
 			for int(id) >= len(w.seen) {
 				w.seen = append(w.seen, 0)
+				w.place = append(w.place, 0)
 			}
 			if w.seen[id] == w.gen {
 				continue
 			}
-			w.seen[id] = w.gen
+			w.seen[id], w.place[id] = w.gen, uint16(npol)
 			npol++
-			dst = r.policy(id).appendParams(dst, id)
+			dst = r.policy(id).appendDecideParams(dst)
 		}
 	}
 	binary.LittleEndian.PutUint16(dst[npolAt:], uint16(npol))
 	for _, p := range w.parts {
+		at := len(dst)
 		dst = append(dst, p.buf...)
+		for j, id := range p.ids {
+			binary.LittleEndian.PutUint16(dst[at+p.idAt[j]:], w.place[id])
+		}
 	}
 	return dst
 }
 
-// appendParams appends the policy's entry of a script's policy table.
+// appendDecideParams appends the policy's entry of decide.lua's policy
+// table.
+func (p *Policy) appendDecideParams(dst []byte) []byte {
+	dst = append(dst, byte(p.spec.Algorithm))
+	for _, v := range [...]int64{p.spec.Limit, p.window, p.spec.Burst, p.delay, p.maxCost} {
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
+	}
+	return dst
+}
+
+// appendParams appends the policy's entry of refund.lua's policy table.
 func (p *Policy) appendParams(dst []byte, id uint16) []byte {
 	dst = binary.LittleEndian.AppendUint16(dst, id)
 	dst = append(dst, byte(p.spec.Algorithm))

@@ -16,15 +16,16 @@
 --                skewed clocks agree; only tests pin the time)
 --            [H] the number of requests, [H] the number of policies,
 --            [B] flags: 1 = reply with a refund token per rule
---   policies per policy: [H] id, [B] algorithm (1 fixed_window,
---            2 sliding_window_log, 3 sliding_window_counter, 4 token_bucket,
---            5 leaky_bucket, 6 gcra), [d] limit, [d] window (µs),
---            [d] burst, [d] delay (µs), [d] max cost (the largest cost the
---            policy ever admits)
+--   policies per policy the batch's rules use, each once: [B] algorithm
+--            (1 fixed_window, 2 sliding_window_log,
+--            3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket,
+--            6 gcra), [d] limit, [d] window (µs), [d] burst, [d] delay
+--            (µs), [d] max cost (the largest cost the policy ever admits)
 --   requests per request: [B] the number of rules, [d] the request's id
---            (unique to the caller, below 2^52), then per rule: [H] the
---            policy id, [B] shadow (1: its denial does not deny),
---            [d] cost, [H] key length and the key
+--            (unique to the caller, below 2^52), then per rule: [H] its
+--            policy's place in the policies above (0 for the first),
+--            [B] shadow (1: its denial does not deny), [d] cost, [H] key
+--            length and the key
 -- Reply: one string, little-endian binary: per request, [B] admitted
 --   (1 or 0), then per rule [B] allowed (1 or 0), [B] reason (0 none,
 --   1 limited, 2 cost too high), [d] remaining, [d] reset after (µs),
@@ -69,7 +70,7 @@
 -- again (PX), which costs Redis twice as much.
 
 local sunpack, spack = struct.unpack, struct.pack
-local sub, format, find, match = string.sub, string.format, string.find, string.match
+local sub, format, find, match, rep = string.sub, string.format, string.find, string.match, string.rep
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 local concat = table.concat
 local call, pcall = redis.call, redis.pcall
@@ -102,29 +103,23 @@ if tokens_wanted then
   FIRST, NEXT = '<BBBddddd', '<BBddddd'
 end
 
--- Policies, by id + 1, each a table of its 6 values and its keys'
--- lifetime. Tables are built by constructors, sized at once: a table that
--- grows by assignment is rehashed at every power of two, which costs Redis
--- more than the rest of a decision.
-local P = {}
-for _ = 1, npol do
-  local id, a, L, W, B, D, M
-  id, a, L, W, B, D, M, pos = sunpack('<HBddddd', blob, pos)
-  -- A bucket's key lives as long as its state can matter: a full refill
-  -- (token_bucket) or drain (leaky_bucket, gcra, whose level may exceed B
-  -- by the delay), in ms. Written with its whole horizon rather than the
-  -- time its state matters now, a busy client's key is overwritten, not
-  -- expired and created again at every request: the difference is Redis's
-  -- active expiry, which otherwise deletes a key for every request.
-  local H = 0
-  if a >= 4 then
-    local full = B * W / L
-    if a ~= 4 then
-      full = full + D
-    end
-    H = max(ceil(full / 1000), 1)
+-- Policies, 6 values each from V[6 * place + 1], in one table built by its
+-- constructor from one unpack: a table per policy, or a table that grows by
+-- assignment (rehashed at every power of two), costs Redis more than the
+-- rest of a decision.
+local V
+if npol == 1 then
+  V = { sunpack('<Bddddd', blob, pos) }
+  pos = V[7]
+elseif npol <= 32 then
+  V = { sunpack('<' .. rep('Bddddd', npol), blob, pos) }
+  pos = V[6 * npol + 1]
+else
+  -- More values than one call should push at once: a policy at a time.
+  V = {}
+  for j = 0, 6 * (npol - 1), 6 do
+    V[j + 1], V[j + 2], V[j + 3], V[j + 4], V[j + 5], V[j + 6], pos = sunpack('<Bddddd', blob, pos)
   end
-  P[id + 1] = { a, L, W, B, D, M, H }
 end
 
 -- R holds one request's rules, 17 values each from R[17 * (i - 1) + 1]:
@@ -178,8 +173,8 @@ for _ = 1, nreq do
     local b = 17 * (i - 1)
     local id, sh, c, k
     id, sh, c, k, pos = sunpack('<HBdHc0', blob, pos)
-    local pp = P[id + 1]
-    local a, L, W, B, D, M = pp[1], pp[2], pp[3], pp[4], pp[5], pp[6]
+    local v = 6 * id
+    local a, L, W, B, D, M = V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6]
     R[b + KEY], R[b + COST], R[b + ALG], R[b + MAXCOST] = k, c, a, M
     R[b + OK], R[b + HREM], R[b + HRESET], R[b + HRETRY], R[b + TDELAY], R[b + TOKEN] = 0, 0, 0, 0, 0, 0
     if a == 1 then -- fixed_window
@@ -448,7 +443,25 @@ for _ = 1, nreq do
         end
       end
       if R[b + OK] == 1 then
-        R[b + WVAL], R[b + WTTL] = spack('<dd', now, level), pp[7] + slack
+        -- The key lives as long as its state can matter: a full refill
+        -- (token_bucket) or drain (leaky_bucket, gcra, whose level may
+        -- exceed B by the delay), in ms. Written with its whole horizon
+        -- rather than the time its state matters now, a busy client's key
+        -- is overwritten, not expired and created again at every request:
+        -- the difference is Redis's active expiry, which otherwise deletes
+        -- a key for every request.
+        local H = B * W / L
+        if a ~= 4 then
+          H = H + D
+        end
+        H = H / 1000
+        if H % 1 > 0 then
+          H = H - H % 1 + 1
+        end
+        if H < 1 then
+          H = 1
+        end
+        R[b + WVAL], R[b + WTTL] = spack('<dd', now, level), H + slack
       end
     end
     if R[b + OK] == 0 and sh ~= 1 then
