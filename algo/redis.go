@@ -19,9 +19,12 @@ import (
 // Redis is the Redis store. Concurrent decisions share the wire: each
 // Decide queues its request; up to Conns batches are on the wire at once,
 // each carrying whatever was queued when it left, in one call of
-// scripts/decide.lua. The caller that finds a connection free sends the
-// batch itself (its own request and any others queued), so at low load a
-// request goes out at once, alone, with no hand-off between goroutines; at
+// scripts/decide.lua. A caller that finds nothing queued and a connection
+// free skips the queue and its timer: it sends its request (with whatever
+// was queued meanwhile) and reads the reply on its own goroutine, so at low
+// load a request goes out at once, alone, with no hand-off between
+// goroutines. A caller that finds a connection free behind a queue sends
+// the batch itself, its own request among the others; at
 // high load one write and one read carry many requests, and Redis runs one
 // script for all of them, each request still decided all or nothing,
 // atomically, since Redis runs a script without interleaving other
