@@ -172,7 +172,7 @@ func grpcRatioRows() []ratioRow {
 		{label: "grpc-null / null (a gRPC answer's floor over an HTTP answer's)", num: "grpc-null", den: "null"},
 		{label: "authlimit-check / grpc-null", num: "authlimit-check", den: "grpc-null"},
 		{label: "authlimit-rls / envoy-ratelimit (gRPC ShouldRateLimit)", num: "authlimit-rls", den: "envoy-ratelimit"},
-		{label: "authlimit-rls p99 / envoy-ratelimit p99", num: "authlimit-rls", den: "envoy-ratelimit", p99: true},
+		{label: "authlimit-rls p99 / envoy-ratelimit p99", num: "authlimit-rls", den: "envoy-ratelimit", of: p99Of},
 		{label: "authlimit-check / authlimit-redis-1 (gRPC Check / HTTP /auth)", num: "authlimit-check", den: "authlimit-redis-1"},
 	}
 }
@@ -200,7 +200,7 @@ func startAuthlimitGRPC(ctx context.Context, e *runEnv, rpcFor func([]netip.Addr
 	if err != nil {
 		return nil, err
 	}
-	p, addr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false), append(extra, "AUTHLIMIT_GRPC_LISTEN="+grpcAddr)...)
+	p, addr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false, ""), append(extra, "AUTHLIMIT_GRPC_LISTEN="+grpcAddr)...)
 	if err != nil {
 		return nil, err
 	}

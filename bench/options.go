@@ -53,7 +53,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; every system runs once per workload in each, and the median is reported")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured window of each run")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured load before each window")
-	conns := fs.String("conns", "50,500", "connection counts, comma-separated")
+	conns := fs.String("conns", "1,4,16,50,500", "connection counts, comma-separated")
 	workloads := fs.String("workloads", "ips,hot", "workloads, comma-separated: ips (distinct client IPs, admitted), hot (one client far over its limit)")
 	systems := fs.String("systems", strings.Join(systemNames(), ","), "systems, comma-separated")
 	fs.IntVar(&o.ips, "ips", 10000, "distinct client IPs of the ips workload and of the memory measurement")

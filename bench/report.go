@@ -198,8 +198,9 @@ func (r *report) renderSystems(p func(string, ...any)) {
 	p("`hot` is one client (%s) far over its limit (nearly all denied). Every request carries the client in `X-Forwarded-For`; ", hotIP())
 	p("authlimit trusts only 127.0.0.1 (`AUTHLIMIT_TRUSTED_PROXIES=127.0.0.1/32`), nginx reads it with the realip module, HAProxy with `http-request set-src`.\n\n")
 	p("| limit | `ips` | `hot` |\n|---|---|---|\n")
-	p("| authlimit, 1 rule | `%s` | `%s` |\n", rulesFor("ips", false), rulesFor("hot", false))
-	p("| authlimit, 3 rules | `%s` | `%s` |\n", rulesFor("ips", true), rulesFor("hot", true))
+	p("| authlimit, 1 rule | `%s` | `%s` |\n", rulesFor("ips", false, ""), rulesFor("hot", false, ""))
+	p("| authlimit, 3 rules | `%s` | `%s` |\n", rulesFor("ips", true, ""), rulesFor("hot", true, ""))
+	p("| authlimit, 1 rule fixed_window | `%s` | `%s` |\n", rulesFor("ips", false, "fixed_window"), rulesFor("hot", false, "fixed_window"))
 	ips, hot := limitFor("ips"), limitFor("hot")
 	p("| naive, nginx-lua-redis | %d per %dms | %d per %dms |\n", ips.n, ips.ms, hot.n, hot.ms)
 	p("| nginx-limit_req | rate=100r/s burst=200 nodelay | the same |\n")
@@ -270,8 +271,32 @@ func (r *report) renderWorkload(p func(string, ...any), w workload) {
 type ratioRow struct {
 	label    string
 	num, den string
-	p99      bool                  // compare p99 latency instead of decisions/s
+	of       measure               // what is compared; decisions/s by default
 	applies  func(w workload) bool // nil: every workload
+}
+
+// measure is the figure a ratio row compares.
+type measure int
+
+const (
+	rateOf     measure = iota // decisions/s
+	p50Of                     // p50 latency
+	p99Of                     // p99 latency
+	redisCmdOf                // Redis µs/decision by commandstats
+)
+
+// value is the measure of s, and whether it is known.
+func (m measure) value(s *summary) (float64, bool) {
+	switch m {
+	case p50Of:
+		return float64(s.p50), s.p50 > 0
+	case p99Of:
+		return float64(s.p99), s.p99 > 0
+	case redisCmdOf:
+		return s.cmdUs, s.hasRedis && s.cmdUs > 0
+	default:
+		return s.rate, s.rate > 0
+	}
 }
 
 func (r *report) renderSummary(p func(string, ...any)) {
@@ -288,11 +313,17 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "openresty-auth-null / nginx (the Lua module's ceiling)", num: "openresty-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "nginx-auth-null / nginx (auth_request's ceiling)", num: "nginx-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "haproxy-authlimit-redis / haproxy", num: "haproxy-authlimit-redis", den: "haproxy"},
-		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", p99: true, applies: func(w workload) bool { return w.conns == 50 }},
+		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", of: p99Of, applies: func(w workload) bool { return w.conns == 50 }},
+		{label: "authlimit-redis-fw / naive", num: "authlimit-redis-fw", den: "naive"},
+		{label: "authlimit-redis-1 p50 / naive p50", num: "authlimit-redis-1", den: "naive", of: p50Of},
+		{label: "Redis µs/decision: authlimit-redis-1 / naive", num: "authlimit-redis-1", den: "naive", of: redisCmdOf},
+		{label: "Redis µs/decision: authlimit-redis-fw / naive", num: "authlimit-redis-fw", den: "naive", of: redisCmdOf},
+		{label: "Redis µs/decision: authlimit-redis-3 / authlimit-redis-1", num: "authlimit-redis-3", den: "authlimit-redis-1", of: redisCmdOf},
+		{label: "Redis µs/decision: nginx-authlimit-redis / nginx-lua-redis", num: "nginx-authlimit-redis", den: "nginx-lua-redis", of: redisCmdOf},
 	}
 	rows = append(rows, grpcRatioRows()...)
 	ws := r.workloads()
-	p("## Summary\n\nRatios of decisions/s (rows that say p99: of p99 latency), medians of the rounds. ")
+	p("## Summary\n\nRatios of decisions/s, or of the figure the row names (p50, p99, Redis µs per decision by commandstats), medians of the rounds. ")
 	p("⚠ marks a ratio with a system that had errors, or an authlimit that decided without its store (see the workload's table).\n\n| ratio |")
 	for _, w := range ws {
 		p(" %s |", w)
@@ -304,13 +335,12 @@ func (r *report) renderSummary(p func(string, ...any)) {
 			num, den := r.summaryOf(w, row.num), r.summaryOf(w, row.den)
 			cell := "—"
 			if num != nil && den != nil && (row.applies == nil || row.applies(w)) {
-				switch {
-				case row.p99 && den.p99 > 0:
-					cell = fmt.Sprintf("%.2f", float64(num.p99)/float64(den.p99))
-				case !row.p99 && den.rate > 0:
-					cell = fmt.Sprintf("%.2f", num.rate/den.rate)
+				n, nok := row.of.value(num)
+				d, dok := row.of.value(den)
+				if nok && dok {
+					cell = fmt.Sprintf("%.2f", n/d)
 				}
-				if num.flagged() || den.flagged() {
+				if cell != "—" && (num.flagged() || den.flagged()) {
 					cell += " ⚠"
 				}
 			}

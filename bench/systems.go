@@ -19,7 +19,7 @@ const luaModule = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 // systemNames lists every system in the order of the results tables.
 func systemNames() []string {
 	return []string{
-		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3", "authlimit-cluster-1",
+		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-fw", "authlimit-redis-3", "authlimit-cluster-1",
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
 		"haproxy", "haproxy-authlimit-redis",
 		"openresty-auth-null", "openresty-authlimit-redis",
@@ -87,11 +87,15 @@ func limitFor(workload string) limit {
 	return limit{n: 1_000_000, window: "1m", ms: 60_000}
 }
 
-// rulesFor is authlimit's AUTHLIMIT_RULES with one rule, or three rules on
-// the same key (one round trip either way).
-func rulesFor(workload string, three bool) string {
+// rulesFor is authlimit's AUTHLIMIT_RULES with one rule of the given
+// algorithm (empty: the default), or three rules on the same key (one round
+// trip either way).
+func rulesFor(workload string, three bool, algorithm string) string {
 	l := limitFor(workload)
 	if !three {
+		if algorithm != "" {
+			return fmt.Sprintf("name=bench key=ip limit=%d/%s algorithm=%s", l.n, l.window, algorithm)
+		}
 		return fmt.Sprintf("name=bench key=ip limit=%d/%s", l.n, l.window)
 	}
 	var rules []string
@@ -108,6 +112,7 @@ func catalogue() []system {
 		{name: "naive", about: "fasthttp + go-redis, one EVALSHA (INCR, PEXPIRE on the first hit) per request keyed by X-Forwarded-For (`bench serve-naive`)", usesRedis: true, path: "/auth", start: startNaive},
 		{name: "authlimit-memory", about: "authlimit, embedded memory store, 1 rule", path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-1", about: "authlimit on Redis, 1 rule (sliding_window_counter)", usesRedis: true, path: "/auth", start: authlimitSystem(false)},
+		{name: "authlimit-redis-fw", about: "authlimit on Redis, 1 rule (fixed_window, the naive handler's own algorithm)", usesRedis: true, path: "/auth", start: authlimitAlgorithm("fixed_window")},
 		{name: "authlimit-redis-3", about: "authlimit on Redis, 3 rules on the same key (sliding_window_counter, token_bucket, gcra)", usesRedis: true, path: "/auth", start: authlimitSystem(true)},
 		{name: "authlimit-cluster-1", about: fmt.Sprintf("authlimit on a Redis Cluster of %d primaries (no replicas, sharing the same cores as everything else), 1 rule (sliding_window_counter)", clusterPrimaries), cluster: true, path: "/auth", start: authlimitSystem(false)},
 		{name: "nginx", about: "nginx alone serving a small static file", nginx: true, path: "/", start: startNginxStatic},
@@ -200,8 +205,17 @@ func startNaive(ctx context.Context, e *runEnv) (*instance, error) {
 // authlimitSystem starts authlimit with one rule or three, on Redis if the
 // run has one, else on the embedded store.
 func authlimitSystem(three bool) func(ctx context.Context, e *runEnv) (*instance, error) {
+	return authlimitRules(three, "")
+}
+
+// authlimitAlgorithm starts authlimit with one rule of the algorithm.
+func authlimitAlgorithm(algorithm string) func(ctx context.Context, e *runEnv) (*instance, error) {
+	return authlimitRules(false, algorithm)
+}
+
+func authlimitRules(three bool, algorithm string) func(ctx context.Context, e *runEnv) (*instance, error) {
 	return func(ctx context.Context, e *runEnv) (*instance, error) {
-		p, addr, err := startAuthlimit(ctx, e, rulesFor(e.workload, three))
+		p, addr, err := startAuthlimit(ctx, e, rulesFor(e.workload, three, algorithm))
 		if err != nil {
 			return nil, err
 		}
