@@ -175,8 +175,14 @@ func parseVariant(kind string, n int, fields []string) (*variant, error) {
 			}
 		case k == "limit":
 			v.limit = val
+			if _, _, err := parseLimit(val); err != nil {
+				errs = append(errs, fmt.Errorf("limit %q: %w", val, err))
+			}
 		case k == "burst":
 			v.burst = val
+			if _, err := parseCount(val); err != nil {
+				errs = append(errs, fmt.Errorf("burst %q: %w", val, err))
+			}
 		default:
 			errs = append(errs, fmt.Errorf("%s: unknown field (want %s)", k, want))
 		}
@@ -277,7 +283,7 @@ func attach(rs []*Rule, positions map[string]int, vs []*variant, mentioned map[s
 	}
 	// Number the policies: the rule's, its tiers', its overrides'.
 	for _, r := range rs {
-		if r.TierHeader != "" && !mentioned[r.Name] {
+		if r.TierHeader != "" && !mentioned[r.Name] && !mentioned[""] {
 			errs = append(errs, ruleError(positions[r.Name], r.Name, fmt.Errorf("tier %q: no tier names this rule, so every request gets the rule's own limit: add tier rule=%s name=<tier> limit=<N>/<duration>, or remove tier=", "header:"+r.TierHeader, r.Name)))
 		}
 		if len(r.Tiers)+len(r.Overrides) == 0 {
