@@ -8,6 +8,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/guard"
+	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
 )
@@ -269,6 +270,32 @@ func TestTiersInTheLocalFallback(t *testing.T) {
 	}{{"k-own", nil, 2}, {"k-pro", mapHeaders{"X-Plan": {"pro"}}, 20}, {"k-acme", nil, 10}} {
 		if got := admitted(t, e, "/", tt.key, true, tt.h, "", 50); got != tt.want {
 			t.Errorf("%s with the store down: %d admitted, want %d (the limit divided by 2)", tt.key, got, tt.want)
+		}
+	}
+}
+
+// TestTierDecisionAllocatesNothing: choosing a tier or an override costs
+// a decision no allocation.
+func TestTierDecisionAllocatesNothing(t *testing.T) {
+	if race.Enabled {
+		t.Skip("allocation counts mean nothing under the race detector")
+	}
+	e, _ := newEngine(t, nil, "name=a key=header:X-Plan limit=1000000/1m tier=header:X-Plan; tier rule=a name=pro limit=2000000/1m; override rule=a key=gold limit=3000000/1m")
+	var in Input
+	var o Outcome
+	for _, plan := range []string{"PRO", "gold", "none"} {
+		hdr := oneHeader{"X-Plan", []byte(plan)}
+		run := func() {
+			e.Read(&in, netip.MustParseAddr("203.0.113.7"), []byte("GET"), []byte("/x"), []byte("a.example"), &hdr)
+			in.TrustedPeer = true
+			e.Decide(context.Background(), &in, &o)
+		}
+		run()
+		if o.Verdict != Allow || len(o.Results) != 1 {
+			t.Fatalf("%s: verdict %v, want allow", plan, o.Verdict)
+		}
+		if got := testing.AllocsPerRun(100, run); got != 0 {
+			t.Errorf("%s: %v allocations per decision, want 0", plan, got)
 		}
 	}
 }
