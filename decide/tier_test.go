@@ -228,8 +228,9 @@ func TestTierPoliciesShareTheRulesSlot(t *testing.T) {
 }
 
 // TestTiersInTheLocalFallback: with the store down and fail mode local,
-// each tier is decided with its own limit divided, which the guard
-// learnt from SetRules.
+// each tier and override is decided locally under its own limit, this
+// replica's share of it (half, with a divisor of 2), with state of its
+// own.
 func TestTiersInTheLocalFallback(t *testing.T) {
 	srv := redistest.New(t)
 	rs := algo.NewRedis(srv.Client(t), algo.RedisOptions{Prefix: srv.Prefix(t), Timeout: time.Second})
@@ -269,7 +270,7 @@ func TestTiersInTheLocalFallback(t *testing.T) {
 		want int
 	}{{"k-own", nil, 2}, {"k-pro", mapHeaders{"X-Plan": {"pro"}}, 20}, {"k-acme", nil, 10}} {
 		if got := admitted(t, e, "/", tt.key, true, tt.h, "", 50); got != tt.want {
-			t.Errorf("%s with the store down: %d admitted, want %d (the limit divided by 2)", tt.key, got, tt.want)
+			t.Errorf("%s with the store down: %d admitted, want %d (this replica's half of the limit)", tt.key, got, tt.want)
 		}
 	}
 }

@@ -402,34 +402,12 @@ func policyName(rule, variant string) string {
 
 // didYouMean suggests the closest rule name, if one is close.
 func didYouMean(name string, positions map[string]int) string {
-	best, bestD := "", 3
+	known := make([]string, 0, len(positions))
 	for n := range positions {
-		if d := editDistance(name, n); d < bestD || d == bestD && n < best {
-			best, bestD = n, d
-		}
+		known = append(known, n)
 	}
-	if best == "" || bestD > 2 {
-		return ""
+	if best := Closest(name, known); best != "" {
+		return fmt.Sprintf(" (did you mean %q?)", best)
 	}
-	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return ""
 }
