@@ -149,6 +149,7 @@ type quotaJSON struct {
 // ruleJSON is one rule's standing.
 type ruleJSON struct {
 	Rule      string    `json:"rule"`
+	Policy    string    `json:"policy"`
 	Algorithm string    `json:"algorithm"`
 	Key       []keyJSON `json:"key"`
 	Tag       string    `json:"tag"`
@@ -176,7 +177,7 @@ func rulesJSON(rs []decide.RuleQuota, withResult bool) []ruleJSON {
 	for _, r := range rs {
 		spec := r.Policy.Spec()
 		j := ruleJSON{
-			Rule: r.Rule.Name, Algorithm: spec.Algorithm.String(), Tag: r.Tag,
+			Rule: r.Rule.Name, Policy: r.Policy.Name(), Algorithm: spec.Algorithm.String(), Tag: r.Tag,
 			Limit: spec.Limit, Window: spec.Window.String(), Cost: r.Cost, Shadow: r.Shadow,
 		}
 		for _, k := range r.Parts {

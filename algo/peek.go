@@ -77,15 +77,20 @@ func (m *Memory) Reset(ctx context.Context, reqs []Request) error {
 		}
 		var k memKey
 		sh := &m.shards[m.makeKey(&k, q)]
+		// The state's item in the shard's expiry heap stays: found
+		// without its state, it is dropped and counts nothing.
 		sh.mu.Lock()
-		if q.Policy.spec.Algorithm == SlidingWindowLog {
-			if _, ok := sh.logs[string(k.bytes())]; ok {
-				delete(sh.logs, string(k.bytes()))
-				m.keys.Add(-1)
-			}
+		removed := false
+		if _, ok := sh.logs[k.h]; ok {
+			delete(sh.logs, k.h)
+			removed = true
 		} else if _, ok := sh.m[k.h]; ok {
 			delete(sh.m, k.h)
+			removed = true
+		}
+		if removed {
 			m.keys.Add(-1)
+			sh.deleted++
 		}
 		sh.mu.Unlock()
 	}

@@ -139,7 +139,7 @@ func (e *Engine) applied(in *Input, o *Outcome) (Quota, bool) {
 	case in.Invalid != "":
 		return Quota{Verdict: Invalid, Kind: in.Invalid, Detail: in.InvalidDetail}, false
 	}
-	if !e.apply(set, &in.Request, o) {
+	if !e.apply(set, &in.Request, in.TrustedPeer, o) {
 		return Quota{Verdict: o.Verdict, Kind: o.Kind, Detail: o.Detail}, false
 	}
 	for i, s := range o.spans {

@@ -108,8 +108,10 @@ type Options struct {
 	Local Store
 	// Policies are every policy Decide will be asked about.
 	Policies []*algo.Policy
-	// LocalDivisor divides every policy's limit and burst in Local: the
-	// number of replicas deciding locally at once.
+	// LocalDivisor is the number of replicas deciding locally at once: in
+	// Local, every request costs LocalDivisor times its cost, so that each
+	// replica admits at most its share of every policy and together they
+	// admit at most the policy (see Guard.localRequests).
 	LocalDivisor int
 	// BreakerFailures consecutive failed calls open a shard's circuit.
 	BreakerFailures int
@@ -145,7 +147,11 @@ type Guard struct {
 	prober   Prober
 	failMode FailMode
 	local    Store
-	divisor  int
+	divisor  int64
+	// never admits nothing: the local store asks it in place of a policy
+	// that already admits the largest cost, for a request too costly for
+	// a replica's share of that policy (see localRequests).
+	never    *algo.Policy
 	policies atomic.Pointer[policySet]
 	denies   *denyCache
 	metrics  *metrics
@@ -185,13 +191,18 @@ func New(opts Options) (*Guard, error) {
 		remote:   opts.Remote,
 		failMode: opts.FailMode,
 		local:    opts.Local,
-		divisor:  opts.LocalDivisor,
+		divisor:  int64(opts.LocalDivisor),
 		log:      opts.Logger,
 		clock:    opts.Clock,
 	}
 	g.scratch.New = func() any { return new(scratch) }
 	g.sharded, _ = opts.Store.(Sharded)
 	g.prober, _ = opts.Store.(Prober)
+	never, err := algo.NewPolicy(algo.Spec{Name: "never", Algorithm: algo.FixedWindow, Limit: 1, Window: time.Second})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("guard: the policy that admits nothing: %w", err))
+	}
+	g.never = never
 	set, err := g.newPolicySet(opts.Policies)
 	if err != nil {
 		errs = append(errs, err)
@@ -224,31 +235,18 @@ func keyOf(p *algo.Policy) policyKey { return policyKey{p.Name(), p.Spec().Algor
 // whole by RegisterPolicies. It is keyed by identity, so that a request decided
 // under the previous set finds its policy's successor.
 type policySet struct {
-	// divided holds, with fail mode local, each policy divided for the
-	// local store.
-	divided map[policyKey]*algo.Policy
 	// ids are the deny cache's names for the policies.
 	ids map[policyKey]uint32
 }
 
-// newPolicySet checks and builds the set of ps: each must divide by the
-// local divisor when the local store may decide.
+// newPolicySet builds the set of ps. It reports no error today; a check
+// that a new set must pass before it replaces the old one goes here.
 func (g *Guard) newPolicySet(ps []*algo.Policy) (*policySet, error) {
-	set := &policySet{divided: map[policyKey]*algo.Policy{}, ids: map[policyKey]uint32{}}
-	var errs []error
+	set := &policySet{ids: map[policyKey]uint32{}}
 	for i, p := range ps {
-		k := keyOf(p)
-		set.ids[k] = uint32(i)
-		if g.remote && g.failMode == FailLocal {
-			d, err := p.Divided(g.divisor)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("guard: policy %q divided by %d: %w", p.Name(), g.divisor, err))
-				continue
-			}
-			set.divided[k] = d
-		}
+		set.ids[keyOf(p)] = uint32(i)
 	}
-	return set, errors.Join(errs...)
+	return set, nil
 }
 
 // RegisterPolicies puts ps in force in place of the policies the guard was
@@ -380,20 +378,44 @@ func (m FailMode) decide(g *Guard, ctx context.Context, sc *scratch, reqs []algo
 	case FailClosed:
 		return false, ErrUnavailable
 	}
-	local := g.localRequests(sc.reqs[:0], reqs)
+	local := g.localRequests(sc.reqs[:0], reqs, false)
 	start := time.Now()
 	ok, err := g.local.Decide(ctx, local, res)
 	g.metrics.localLatency.Observe(time.Since(start).Seconds())
+	if err == nil && g.divisor > 1 {
+		// Report the replica's share in the request's own units.
+		for i := range reqs {
+			r := &res[i]
+			r.Limit = reqs[i].Policy.Capacity() / g.divisor
+			r.Remaining /= g.divisor
+		}
+	}
 	return ok, err
 }
 
-// localRequests returns reqs with the local store's divided policies.
-func (g *Guard) localRequests(dst, reqs []algo.Request) []algo.Request {
-	divided := g.policies.Load().divided
+// localRequests returns reqs as the local store decides them. With a
+// divisor R, a request of cost c costs c·R there: a replica then admits at
+// most 1/R of what the policy admits, for every algorithm, limit and cost,
+// and R replicas together at most the policy, exactly; a limit below R
+// admits nothing locally. (Dividing the limit instead rounds: a limit of 3
+// shared by 4 became 1 each, and a cost above the share had to be charged
+// the share.) A cost whose c·R is more than the policy ever admits is too
+// high on this replica; mirror, which records what the store admitted,
+// charges it the whole share instead.
+func (g *Guard) localRequests(dst, reqs []algo.Request, mirror bool) []algo.Request {
 	for _, q := range reqs {
-		if d, ok := divided[keyOf(q.Policy)]; ok {
-			q.Policy = d
-			q.Cost = min(q.EffectiveCost(), d.MaxCost())
+		if g.divisor > 1 {
+			p, c := q.Policy, q.EffectiveCost()
+			switch {
+			case c <= p.MaxCost()/g.divisor:
+				q.Cost = c * g.divisor
+			case mirror:
+				q.Cost = p.MaxCost()
+			case p.MaxCost() < algo.MaxLimit:
+				q.Cost = p.MaxCost() + 1 // cost too high, and nothing consumed
+			default:
+				q.Policy, q.Cost = g.never, 2
+			}
 		}
 		dst = append(dst, q)
 	}
@@ -407,7 +429,7 @@ func (g *Guard) mirror(ctx context.Context, sc *scratch, reqs []algo.Request) {
 	if g.failMode != FailLocal {
 		return
 	}
-	local := g.localRequests(sc.reqs[:0], reqs)
+	local := g.localRequests(sc.reqs[:0], reqs, true)
 	res := sc.res[:]
 	if len(local) > len(res) {
 		res = make([]algo.Result, len(local))

@@ -219,8 +219,12 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	sc := h.scratch.Get().(*scratch)
 	defer h.scratch.Put(sc)
 	hdr := &ctx.Request.Header
-	ip := h.proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.PeekCanonical(xRealIP), peer(ctx))
-	if !h.read(ctx, sc, ip) {
+	p := peer(ctx)
+	ip := h.proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.PeekCanonical(xRealIP), p)
+	if h.read(ctx, sc, ip) {
+		// Only a trusted proxy's tier header is believed.
+		sc.in.TrustedPeer = h.proxies.Trusts(p.Unmap())
+	} else {
 		sc.in.Refuse(ip, "invalid-url", "The "+h.urlHeader+" header is missing, repeated, or not an absolute URL with a host.")
 	}
 	out := &sc.out
@@ -328,15 +332,20 @@ func peer(ctx *fasthttp.RequestCtx) netip.Addr {
 // that asks the engine about a request without deciding it (the admin
 // API): the same method, URI, host and URL headers, and the client found
 // in X-Forwarded-For and X-Real-IP behind the trusted proxies and ctx's
-// peer, which the caller vouches for as a proxy. in refers to ctx's
-// headers: it is valid while ctx is.
+// peer, which the caller vouches for as a proxy; a tier header is
+// believed, as a trusted proxy's is. in refers to ctx's headers: it is
+// valid while ctx is.
 func (h *Handler) ReadInput(ctx *fasthttp.RequestCtx, in *decide.Input) {
 	hdr := &ctx.Request.Header
 	p := peer(ctx)
 	proxies := rules.Proxies{Trusted: append(slices.Clip(h.proxies.Trusted), netip.PrefixFrom(p, p.BitLen()))}
 	ip := proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.PeekCanonical(xRealIP), p)
 	sc := &scratch{}
-	if !h.read(ctx, sc, ip) {
+	if h.read(ctx, sc, ip) {
+		// The caller stands in for the proxy: its tier header is
+		// believed, as a trusted proxy's is.
+		sc.in.TrustedPeer = true
+	} else {
 		sc.in.Refuse(ip, "invalid-url", "The "+h.urlHeader+" header is missing, repeated, or not an absolute URL with a host.")
 	}
 	*in = sc.in

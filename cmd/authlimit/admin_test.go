@@ -359,3 +359,28 @@ func TestAdminQuotaReadsTheSubrequest(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminQuotaOfATier: the tier header sent to /v1/quota is believed, as
+// the proxy's is: the answer names the tier's policy and limit, and a
+// reset frees the tier's count.
+func TestAdminQuotaOfATier(t *testing.T) {
+	a := startApp(t, map[string]string{
+		"AUTHLIMIT_RULES":           "name=api key=header:X-Api-Key limit=2/1h tier=header:X-Plan\ntier rule=api name=pro limit=4/1h",
+		"AUTHLIMIT_TRUSTED_PROXIES": "127.0.0.1/32",
+		"AUTHLIMIT_ADMIN_LISTEN":    "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN": adminToken,
+	})
+	pro := request{headers: [][2]string{{"X-Forwarded-For", "203.0.113.5"}, {"X-Api-Key", "k-1"}, {"X-Plan", "pro"}}}
+	for i := 0; i < 4; i++ {
+		wantStatus(t, a.do(t, pro), 200, "within the pro tier")
+	}
+	wantStatus(t, a.do(t, pro), 429, "over the pro tier")
+	headers := []string{"X-Forwarded-For", "203.0.113.5", "X-Api-Key", "k-1", "X-Plan", "pro"}
+	status, body := a.adminDo(t, "GET", "/v1/quota", adminToken, headers...)
+	if status != 200 || !strings.Contains(body, `"policy": "api--pro"`) || !strings.Contains(body, `"limit": 4`) || !strings.Contains(body, `"admitted": false`) {
+		t.Fatalf("GET /v1/quota of the pro tier: %d %s", status, body)
+	}
+	if status, body := a.adminDo(t, "DELETE", "/v1/quota", adminToken, headers...); status != 200 || !strings.Contains(body, "api--pro") {
+		t.Fatalf("DELETE /v1/quota of the pro tier: %d %s", status, body)
+	}
+	wantStatus(t, a.do(t, pro), 200, "after the reset")
+}

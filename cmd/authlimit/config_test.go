@@ -400,6 +400,9 @@ func TestCheckRulesThatNeverWork(t *testing.T) {
 		{`name=search limit=1/1m path=~^/search\?q=x`, `AUTHLIMIT_RULES: rule 1 "search": path "~^/search\\?q=x": paths are matched without their query`},
 		{`name=login limit=1/1m path=~(?-i)^/Login$`, `AUTHLIMIT_RULES: rule 1 "login": path "~(?-i)^/Login$": paths are matched in lower case`},
 		{`name=a limit=1/1m; name=m key=ip limit=1/1m on_missing=deny`, `AUTHLIMIT_RULES: rule 2 "m": on_missing "deny": the key "ip" has no header: part`},
+		{`name=api key=header:K limit=1/1m tier=header:X-Plan`, `AUTHLIMIT_RULES: rule 1 "api": tier "header:X-Plan": no tier names this rule`},
+		{`name=api key=header:K limit=1/1m; tier rule=api name=pro limit=2/1m`, `AUTHLIMIT_RULES: tier 1 "pro" of rule "api": rule "api": the rule reads no tier`},
+		{`name=api key=header:K limit=1/1m; override rule=api key=k1 limit=2/1x`, `AUTHLIMIT_RULES: override 1 of rule "api": limit "2/1x": unknown unit "x"`},
 	} {
 		err, said := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": tc.rules})
 		var u usageError
@@ -428,5 +431,40 @@ func TestCheckRulesThatNeverWork(t *testing.T) {
 	app := startApp(t, map[string]string{"AUTHLIMIT_RULES": "name=h key=header:Host limit=1/1m"})
 	if logs := app.logs.String(); !strings.Contains(logs, "configuration warning") || !strings.Contains(logs, `key \"header:Host\": behind nginx`) {
 		t.Errorf("the start does not log the warning:\n%s", logs)
+	}
+}
+
+// TestMaxConns: AUTHLIMIT_MAX_CONNS is a positive number of connections;
+// unset, the cap is the open file limit less a reserve.
+func TestMaxConns(t *testing.T) {
+	for _, v := range []string{"0", "-5", "many"} {
+		_, err := loadConfig(map[string]string{"AUTHLIMIT_MAX_CONNS": v})
+		if err == nil || !strings.Contains(err.Error(), "AUTHLIMIT_MAX_CONNS") {
+			t.Errorf("AUTHLIMIT_MAX_CONNS=%s: %v; want an error naming the variable", v, err)
+		}
+	}
+	s, err := loadConfig(map[string]string{"AUTHLIMIT_MAX_CONNS": "500"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.limitConns(256)
+	if s.maxConns != 500 {
+		t.Errorf("AUTHLIMIT_MAX_CONNS=500 under a limit of 256: cap %d, want 500 as set", s.maxConns)
+	}
+	for _, tc := range []struct {
+		limit uint64
+		want  int
+	}{{0, 0}, {1, 1}, {100, 50}, {128, 64}, {256, 192}, {1024, 922}, {1 << 20, 943719}} {
+		s, err := loadConfig(map[string]string{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.limitConns(tc.limit)
+		if s.maxConns != tc.want {
+			t.Errorf("open file limit %d: cap %d, want %d", tc.limit, s.maxConns, tc.want)
+		}
+		if tc.limit > 0 && !strings.Contains(s.describe(), fmt.Sprintf("max conns        %d (the open file limit %d", tc.want, tc.limit)) {
+			t.Errorf("describe() does not give the cap %d:\n%s", tc.want, s.describe())
+		}
 	}
 }
