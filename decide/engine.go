@@ -161,6 +161,10 @@ func (e *Engine) Rules() []*rules.Rule { return e.set.Load().rules }
 // DenyStatus is the status of a denial.
 func (e *Engine) DenyStatus() int { return e.denyStatus }
 
+// Shadow reports whether every rule and limit is a shadow: nothing is
+// denied. A front that denies on its own (Envoy's limit of 0) asks it.
+func (e *Engine) Shadow() bool { return e.shadow }
+
 // Input is one request as a front read it. Fill it with Read, or set its
 // fields directly.
 type Input struct {
@@ -266,7 +270,15 @@ type LimitRequest struct {
 // for DecideLimits. The Decider must know p, as it knows the rules'
 // policies.
 func (e *Engine) NewLimit(name string, p *algo.Policy) *Limit {
-	return newLimit(name, p, e.metrics)
+	return newLimit(name, name, p, e.metrics)
+}
+
+// NewLimitCountedAs is NewLimit for a limit whose metrics count under
+// label rather than its name: limits made on demand, such as the limits
+// Envoy sends with a descriptor, share one label, so that the metrics
+// stay bounded while the headers name each.
+func (e *Engine) NewLimitCountedAs(name, label string, p *algo.Policy) *Limit {
+	return newLimit(name, label, p, e.metrics)
 }
 
 // DecideLimits decides limits a front picked itself, such as the policies
@@ -397,6 +409,8 @@ func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.
 		d := &o.limits[i].metrics
 		shadow := o.reqs[i].Shadow
 		switch {
+		case r.NotDecided:
+			// Not asked: nothing to count.
 		case r.Allowed:
 			d.allowed.Inc()
 			delay = max(delay, r.Delay)
@@ -431,14 +445,14 @@ func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.
 
 // neverAdmits marks as cost-too-high every enforcing rule that the request
 // costs more than it ever admits, whatever res says: the deny cache
-// answers for one rule alone and reports the others as allowing. A request
+// answers for one rule alone and reports the others as not decided. A request
 // that one of them denies is answered cost-too-high, never rate-limited,
 // since no wait admits it.
 func neverAdmits(reqs []algo.Request, res []algo.Result) {
 	for i := range reqs {
 		q := &reqs[i]
 		if !q.Shadow && q.EffectiveCost() > q.Policy.MaxCost() && res[i].Reason != algo.ReasonCostTooHigh {
-			res[i].Allowed, res[i].Reason, res[i].RetryAfter, res[i].Delay = false, algo.ReasonCostTooHigh, 0, 0
+			res[i].Allowed, res[i].Reason, res[i].RetryAfter, res[i].Delay, res[i].NotDecided = false, algo.ReasonCostTooHigh, 0, 0, false
 		}
 	}
 }

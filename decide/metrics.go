@@ -19,7 +19,7 @@ type ruleSet struct {
 func newRuleSet(rs []*rules.Rule, m *metrics) *ruleSet {
 	set := &ruleSet{rules: rs}
 	for _, r := range rs {
-		set.limits = append(set.limits, newLimit(r.Name, r.Policy, m))
+		set.limits = append(set.limits, newLimit(r.Name, r.Name, r.Policy, m))
 	}
 	return set
 }
@@ -40,7 +40,9 @@ type Limit struct {
 	metrics ruleMetrics
 }
 
-func newLimit(name string, p *algo.Policy, m *metrics) *Limit {
+// newLimit makes a Limit of p under name, counted in the metrics under
+// label.
+func newLimit(name, label string, p *algo.Policy, m *metrics) *Limit {
 	s := p.Spec()
 	return &Limit{
 		Name:   name,
@@ -48,9 +50,9 @@ func newLimit(name string, p *algo.Policy, m *metrics) *Limit {
 		quoted: []byte(`"` + name + `"`),
 		item:   []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, name, s.Limit, ceilSeconds(s.Window, 1))),
 		metrics: ruleMetrics{
-			allowed:      m.decisions.WithLabelValues(name, "allowed"),
-			denied:       m.decisions.WithLabelValues(name, "denied"),
-			shadowDenied: m.decisions.WithLabelValues(name, "shadow_denied"),
+			allowed:      m.decisions.WithLabelValues(label, "allowed"),
+			denied:       m.decisions.WithLabelValues(label, "denied"),
+			shadowDenied: m.decisions.WithLabelValues(label, "shadow_denied"),
 		},
 	}
 }
@@ -73,11 +75,11 @@ type ruleMetrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_requests_total",
-		Help: "Requests decided by the engine (/auth and ext_authz Check) by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
+		Help: "Requests decided by the engine (/auth, ext_authz Check, ShouldRateLimit and /json) by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
 	}, []string{"result"})
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_decisions_total",
-		Help: "Rule decisions by rule and outcome: allowed, denied, shadow_denied (a shadow rule that would have denied).",
+		Help: "Rule decisions by rule (for ShouldRateLimit, the limit's policy name, or override for every limit Envoy sends) and outcome: allowed, denied, shadow_denied (a shadow rule that would have denied). A rule the deny cache left unasked is not counted.",
 	}, []string{"rule", "outcome"})
 	delay := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "authlimit_shaping_delay_seconds",

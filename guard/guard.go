@@ -144,8 +144,10 @@ type Guard struct {
 	prober   Prober
 	failMode FailMode
 	local    Store
+	divisor  int
 	divided  map[*algo.Policy]*algo.Policy
 	ids      map[*algo.Policy]uint32
+	learnt   learnt
 	denies   *denyCache
 	metrics  *metrics
 	log      *slog.Logger
@@ -184,6 +186,7 @@ func New(opts Options) (*Guard, error) {
 		remote:   opts.Remote,
 		failMode: opts.FailMode,
 		local:    opts.Local,
+		divisor:  opts.LocalDivisor,
 		divided:  map[*algo.Policy]*algo.Policy{},
 		ids:      map[*algo.Policy]uint32{},
 		log:      opts.Logger,
@@ -337,7 +340,11 @@ func (m FailMode) decide(g *Guard, ctx context.Context, sc *scratch, reqs []algo
 // localRequests returns reqs with the local store's divided policies.
 func (g *Guard) localRequests(dst, reqs []algo.Request) []algo.Request {
 	for _, q := range reqs {
-		if d, ok := g.divided[q.Policy]; ok {
+		d, ok := g.divided[q.Policy]
+		if !ok {
+			d = g.learn(q.Policy).divided
+		}
+		if d != nil {
 			q.Policy = d
 			q.Cost = min(q.EffectiveCost(), d.MaxCost())
 		}
@@ -382,7 +389,8 @@ func (g *Guard) Ready() (ready bool, detail string) {
 
 // fromDenyCache answers from the deny cache when an enforcing policy's key
 // was denied moments ago and cannot pass yet. Only the cached policy's
-// answer is known; the others consumed nothing and are reported as allowing.
+// answer is known; the others consumed nothing, and are reported as not
+// decided (algo.Result.NotDecided): their state was not read.
 func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.Time) bool {
 	hit := -1
 	for i := range reqs {
@@ -390,7 +398,7 @@ func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.T
 		if q.Shadow {
 			continue
 		}
-		if r, ok := g.denies.get(g.ids[q.Policy], q.Key, q.EffectiveCost(), now); ok {
+		if r, ok := g.denies.get(g.id(q.Policy), q.Key, q.EffectiveCost(), now); ok {
 			res[i], hit = r, i
 			break
 		}
@@ -401,8 +409,7 @@ func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.T
 	g.metrics.denyCacheHits.Inc()
 	for i := range reqs {
 		if i != hit {
-			c := reqs[i].Policy.Capacity()
-			res[i] = algo.Result{Allowed: true, Limit: c, Remaining: c}
+			res[i] = algo.Result{Allowed: true, Limit: reqs[i].Policy.Capacity(), NotDecided: true}
 		}
 	}
 	return true
@@ -416,7 +423,7 @@ func (g *Guard) remember(reqs []algo.Request, res []algo.Result, now time.Time) 
 	for i := range reqs {
 		q := &reqs[i]
 		if !q.Shadow && res[i].Reason == algo.ReasonLimited {
-			g.denies.put(g.ids[q.Policy], q.Key, q.EffectiveCost(), res[i], now)
+			g.denies.put(g.id(q.Policy), q.Key, q.EffectiveCost(), res[i], now)
 		}
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/front/rls"
-	"github.com/authlimit/authlimit/guard"
 )
 
 // grpcSettings reads AUTHLIMIT_GRPC_LISTEN and AUTHLIMIT_RLS_CONFIG: the
@@ -97,9 +96,9 @@ const readinessInterval = time.Second
 // AUTHLIMIT_RLS_CONFIG is set), for POST /json and ShouldRateLimit, and the
 // gRPC server (when AUTHLIMIT_GRPC_LISTEN is set), listening at once so
 // that a port in use stops authlimit at start.
-func (a *app) newFronts(s *settings, g *guard.Guard, reg prometheus.Registerer) error {
+func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if s.rls != nil {
-		svc, err := rls.New(rls.Options{Config: s.rls, Decider: g, Registry: reg, Logger: a.log})
+		svc, err := rls.New(rls.Options{Config: s.rls, Engine: a.engine, Registry: reg})
 		if err != nil {
 			return err
 		}

@@ -317,7 +317,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.handler = h
-	if err := a.newFronts(s, g, reg); err != nil {
+	if err := a.newFronts(s, reg); err != nil {
 		a.close()
 		return nil, err
 	}

@@ -17,9 +17,11 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/redistest"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // env is a Service behind a real gRPC server on a loopback port, deciding
@@ -114,7 +116,15 @@ func startWith(t *testing.T, kind storeKind, mode guard.FailMode, files ...strin
 		t.Fatalf("guard.Start: %v", err)
 	}
 	t.Cleanup(g.Close)
-	e.svc, err = New(Options{Config: cfg, Decider: g, Registry: e.reg})
+	rs, err := rules.Parse(rules.Default)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := decide.New(decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: e.reg})
+	if err != nil {
+		t.Fatalf("decide.New: %v", err)
+	}
+	e.svc, err = New(Options{Config: cfg, Engine: eng, Registry: e.reg})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
