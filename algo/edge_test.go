@@ -246,8 +246,9 @@ func TestMemoryKeepsLongLivedState(t *testing.T) {
 	}
 }
 
-// TestMemoryEvictsOnlyWhenFull: live state goes only when the store as a
-// whole holds MaxKeys states, and then one state per new key.
+// TestMemoryEvictsOnlyWhenFull: state goes only when the store as a whole
+// holds MaxKeys states, and then only state that is back to full quota: a
+// new key past the bound is refused while every state still limits.
 func TestMemoryEvictsOnlyWhenFull(t *testing.T) {
 	for _, max := range []int{100, 1000, 20_000} {
 		t.Run(strconv.Itoa(max), func(t *testing.T) {
@@ -269,20 +270,30 @@ func TestMemoryEvictsOnlyWhenFull(t *testing.T) {
 			if got := m.Len(); got != max {
 				t.Fatalf("Len = %d, want %d", got, max)
 			}
-			decideOne(t, m, Request{Policy: p, Key: key(max)})
+			if res := decideOne(t, m, Request{Policy: p, Key: key(max)}); res.Allowed || res.Reason != ReasonLimited || res.Remaining != 0 {
+				t.Errorf("a key past the bound of live states = %+v; want refused as limited", res)
+			}
 			if got := m.Len(); got != max {
 				t.Errorf("Len = %d after one key past the bound, want %d", got, max)
 			}
-			forgotten := 0
+			if got := m.Refused(); got != 1 {
+				t.Errorf("Refused = %d, want 1", got)
+			}
 			for i := 0; i < max; i++ {
 				if decideOne(t, m, Request{Policy: p, Key: key(i)}).Allowed {
-					forgotten++
+					t.Fatalf("key %d was evicted while it still limited", i)
 				}
 			}
-			// Each re-admitted key was itself inserted into a full
-			// store and evicted one more: count only the first.
-			if forgotten < 1 {
-				t.Errorf("no key was evicted for the one past the bound")
+			// In the next window every state is back to full quota:
+			// new keys replace them.
+			clock.Advance(time.Hour)
+			for i := max; i < 2*max; i++ {
+				if res := decideOne(t, m, Request{Policy: p, Key: key(i)}); !res.Allowed {
+					t.Fatalf("new key %d refused though every state expired: %+v", i, res)
+				}
+			}
+			if got, want := m.Evicted(), int64(max); got != want {
+				t.Errorf("Evicted = %d, want %d", got, want)
 			}
 		})
 	}

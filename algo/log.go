@@ -11,8 +11,9 @@ import "sort"
 // request can make its own decision slow.
 type entryLog struct {
 	entries []logEntry
-	head    int   // entries[:head] have left the window
-	base    int64 // the running total before entries[head]
+	head    int    // entries[:head] have left the window
+	base    int64  // the running total before entries[head]
+	id      uint32 // the policy's id in the memory store
 }
 
 type logEntry struct{ ts, total int64 }

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/maphash"
+	"maps"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,11 +15,14 @@ import (
 
 // MemoryOptions configures a Memory store. The zero value is usable.
 type MemoryOptions struct {
-	// MaxKeys bounds the number of (policy, key) states kept. Live state
-	// is evicted only when the store as a whole holds MaxKeys states: then
-	// a new key takes the place of an expired state or, failing that, of
-	// the state closest to expiring among a small random sample. Default
-	// DefaultMemoryMaxKeys.
+	// MaxKeys bounds the number of (policy, key) states kept. When the
+	// store as a whole holds MaxKeys states, a new key takes the place of
+	// a state that is back to full quota (expired: it reads the same as no
+	// state), and if there is none, the new key is refused: its decision
+	// is denied as limited, with RetryAfter until the soonest state known
+	// to expire does, and Refused counts it. A state that still limits is
+	// never evicted, so a full store never hands anyone a fresh quota.
+	// Default DefaultMemoryMaxKeys.
 	MaxKeys int
 	// SweepInterval is how often expired state is removed in the
 	// background. Default 10s; negative disables the sweeper (call Sweep).
@@ -42,10 +47,12 @@ type Memory struct {
 	mask    uint64
 	maxKeys int64
 	keys    atomic.Int64 // states held, across shards
+	refused atomic.Int64 // new keys refused by a full store
+	evicted atomic.Int64 // expired states removed to make room
 
 	regMu    sync.RWMutex
-	ids      map[*Policy]uint32
-	policies []*Policy // by id
+	ids      map[policyKey]uint32
+	policies []*Policy // by id: the latest of that identity
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -54,9 +61,27 @@ type Memory struct {
 
 type shard struct {
 	mu   sync.Mutex
-	m    map[stateKey]*entry  // by the hash of the memory key
-	logs map[string]*entryLog // sliding window logs, by memory key
-	_    [32]byte             // keep neighbouring shards' locks off one cache line
+	m    map[stateKey]*entry    // by the hash of the memory key
+	logs map[stateKey]*entryLog // sliding window logs, likewise
+	// exp holds every state and log of the shard once, as a min-heap by
+	// expiry. An item's time is never later than its state's expiry as
+	// long as the clock does not step back (a decision only pushes a
+	// state's expiry later); an item found due whose state is not yet
+	// expired is put back at the state's expiry. Finding expired state is
+	// then logarithmic, not a scan of the shard.
+	exp []expiring
+	// deleted counts the states and logs removed since the maps were
+	// last rebuilt: Go maps never shrink, and under churn their tables
+	// keep splitting though the number of states stays bounded.
+	deleted int
+	_       [32]byte // keep neighbouring shards' locks off one cache line
+}
+
+// expiring is an item of a shard's expiry heap: a state's or log's key and
+// a time no later than its expiry.
+type expiring struct {
+	at int64
+	h  stateKey
 }
 
 // stateKey is a state's key in a shard: a 128-bit hash of its memory key
@@ -74,9 +99,6 @@ type entry struct {
 	state
 	id uint32
 }
-
-// evictSample is how many states a full store looks at to choose a victim.
-const evictSample = 8
 
 // NewMemory returns a memory store. Close it to stop its sweeper.
 func NewMemory(opts MemoryOptions) *Memory {
@@ -104,13 +126,13 @@ func NewMemory(opts MemoryOptions) *Memory {
 		shards:  make([]shard, n),
 		mask:    uint64(n - 1),
 		maxKeys: int64(opts.MaxKeys),
-		ids:     map[*Policy]uint32{},
+		ids:     map[policyKey]uint32{},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	for i := range m.shards {
 		m.shards[i].m = make(map[stateKey]*entry)
-		m.shards[i].logs = make(map[string]*entryLog)
+		m.shards[i].logs = make(map[stateKey]*entryLog)
 	}
 	if opts.SweepInterval > 0 {
 		go m.sweepEvery(opts.SweepInterval)
@@ -124,8 +146,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 var ErrClosed = errors.New("store closed")
 
 // memKey is a state's memory key: the policy's id in this store, then the
-// key tag, and its hash (not for logs). It lives on the stack; the logs' map
-// is read with string(k.bytes()), which does not allocate.
+// key tag, and its hash. It lives on the stack.
 type memKey struct {
 	b [4 + hashedTagLen + maxPlainKey]byte
 	n uint8
@@ -136,28 +157,38 @@ func (k *memKey) bytes() []byte { return k.b[:k.n] }
 
 func (k *memKey) id() uint32 { return binary.LittleEndian.Uint32(k.b[:4]) }
 
-// id returns p's id in this store, registering it on first use.
+// policyKey identifies a policy across rule sets: its name and algorithm,
+// which Redis's keys hold too. A policy rebuilt with other limits (a rule
+// set reloaded) has its predecessor's id, so its states carry over, and
+// the registry grows with identities, not with reloads.
+type policyKey struct {
+	name string
+	alg  Algorithm
+}
+
+func keyOf(p *Policy) policyKey { return policyKey{p.spec.Name, p.spec.Algorithm} }
+
+// id returns p's id in this store, registering its identity on first use.
+// The latest policy of an identity is the one its states expire by.
 func (m *Memory) id(p *Policy) uint32 {
+	k := keyOf(p)
 	m.regMu.RLock()
-	id, ok := m.ids[p]
+	id, ok := m.ids[k]
+	current := ok && m.policies[id] == p
 	m.regMu.RUnlock()
-	if ok {
+	if current {
 		return id
 	}
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
-	if id, ok := m.ids[p]; ok {
+	if id, ok := m.ids[k]; ok {
+		m.policies[id] = p
 		return id
 	}
 	id = uint32(len(m.policies))
-	m.ids[p] = id
+	m.ids[k] = id
 	m.policies = append(m.policies, p)
 	return id
-}
-
-// policy returns the policy of a log's memory key.
-func (m *Memory) policy(k string) *Policy {
-	return m.policyOf(binary.LittleEndian.Uint32([]byte(k[:4])))
 }
 
 func (m *Memory) policyOf(id uint32) *Policy {
@@ -171,9 +202,7 @@ func (m *Memory) makeKey(k *memKey, q *Request) uint64 {
 	binary.LittleEndian.PutUint32(k.b[:4], m.id(q.Policy))
 	k.n = uint8(4 + copy(k.b[4:], q.Key))
 	k.h.a = maphash.Bytes(m.seed, k.bytes())
-	if q.Policy.spec.Algorithm != SlidingWindowLog {
-		k.h.b = maphash.Bytes(m.seed2, k.bytes())
-	}
+	k.h.b = maphash.Bytes(m.seed2, k.bytes())
 	return k.h.a & m.mask
 }
 
@@ -252,7 +281,7 @@ func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*sha
 		var p pending
 		if q.Policy.spec.Algorithm == SlidingWindowLog {
 			p.isLog = true
-			p.l = sh.logs[string(keys[i].bytes())]
+			p.l = sh.logs[keys[i].h]
 			var empty entryLog
 			l := p.l
 			if l == nil {
@@ -269,11 +298,43 @@ func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*sha
 		all = all && (p.admits || q.Shadow)
 		ps = append(ps, p)
 	}
+	// A full store may have no room for the new states an admission
+	// needs: then the request is refused before anything is consumed.
+	// Room is made only by removing expired states, never one of this
+	// decision's own, which it is about to write.
+	if all {
+		reserved := 0
+		for i := range reqs {
+			p := &ps[i]
+			if !p.admits || p.e != nil || p.l != nil {
+				continue
+			}
+			ok, soonest := m.reserve(shards[i], now, keys)
+			switch {
+			case ok:
+				reserved++
+			case reqs[i].Shadow:
+				// An advisory policy's state is not kept; it
+				// limits no one.
+				p.admits = false
+			default:
+				m.keys.Add(-int64(reserved))
+				p.admits, all = false, false
+				p.o.held.Allowed, p.o.held.Reason, p.o.held.Remaining = false, ReasonLimited, 0
+				wait := soonest - now
+				if soonest == math.MaxInt64 {
+					wait = refusedWait // no expiry known: the shards were busy
+				}
+				p.o.held.RetryAfter = micros(max(wait, 1))
+			}
+			if !all {
+				break
+			}
+		}
+	}
 	// All or nothing: a denial by an enforcing policy consumes nothing
 	// anywhere; an admitted request counts in every policy that allows
-	// it, shadow policies included. States that exist are updated before
-	// new ones are inserted, so that an insertion into a full store never
-	// evicts a state this decision is still writing.
+	// it, shadow policies included.
 	for i := range reqs {
 		p := &ps[i]
 		if !all || !p.admits {
@@ -299,13 +360,14 @@ func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*sha
 		sh, k := shards[i], &keys[i]
 		switch {
 		case p.isLog && p.l == nil:
-			l := &entryLog{}
+			l := &entryLog{id: k.id()}
 			l.push(p.first, p.before, p.at, reqs[i].EffectiveCost())
-			m.makeRoom(sh, now)
-			sh.logs[string(k.bytes())] = l
+			sh.logs[k.h] = l
+			sh.push(expiring{p.at + reqs[i].Policy.window, k.h})
 		case !p.isLog && p.e == nil:
-			m.makeRoom(sh, now)
-			sh.m[k.h] = &entry{p.o.next, k.id()}
+			e := &entry{p.o.next, k.id()}
+			sh.m[k.h] = e
+			sh.push(expiring{reqs[i].Policy.expiry(&e.state), k.h})
 		}
 	}
 	return all
@@ -341,78 +403,144 @@ func checkRequests(reqs []Request, res []Result) error {
 	return nil
 }
 
-// makeRoom counts a state or log about to be added to sh and, if the store
-// is full, first removes one: an expired state or log of this shard among a
-// random sample (Go's map iteration starts at a random place), else the one
-// closest to expiring; a shard with nothing to give takes from another.
-func (m *Memory) makeRoom(sh *shard, now int64) {
-	if m.keys.Add(1) > m.maxKeys {
-		if !m.evictFrom(sh, now) {
-			m.evictElsewhere(sh, now)
-		}
-	}
-}
+// refusedWait is the RetryAfter of a refused new key when the store knows of
+// no state about to expire, in microseconds.
+const refusedWait = 1_000_000
 
-// evictFrom removes one state of sh, which the caller holds locked.
-func (m *Memory) evictFrom(sh *shard, now int64) bool {
-	var victim stateKey
-	var victimLog string
-	isLog := false
-	soonest, seen := int64(0), 0
-	// closer counts a candidate and reports whether it expires first so far.
-	closer := func(exp int64) bool {
-		first := seen == 0 || exp < soonest
-		if first {
-			soonest = exp
-		}
-		seen++
-		return first
-	}
-	enough := func() bool { return soonest <= now || seen >= evictSample }
-	for h, e := range sh.m {
-		if closer(m.policyOf(e.id).expiry(&e.state)) {
-			victim = h
-		}
-		if enough() {
-			break
+// reserve counts a state or log about to be added to sh. A full store
+// first removes an expired one, from sh or from another shard it can lock
+// without waiting (so that two inserting goroutines never wait on each
+// other's shards), but none of busy, the keys of the decision asking. If
+// nothing is expired, it counts a refusal and reports false, and the
+// soonest expiry it saw.
+func (m *Memory) reserve(sh *shard, now int64, busy []memKey) (bool, int64) {
+	for n := m.keys.Load(); n < m.maxKeys; n = m.keys.Load() {
+		if m.keys.CompareAndSwap(n, n+1) {
+			return true, 0
 		}
 	}
-	if seen == 0 || !enough() {
-		for k, l := range sh.logs {
-			ts, _ := l.newest()
-			if closer(ts + m.policy(k).window) {
-				victimLog, isLog = k, true
-			}
-			if enough() {
-				break
-			}
-		}
-	}
-	if seen == 0 {
-		return false
-	}
-	if isLog {
-		delete(sh.logs, victimLog)
-	} else {
-		delete(sh.m, victim)
-	}
-	m.keys.Add(-1)
-	return true
-}
-
-// evictElsewhere evicts from any other shard it can lock without waiting,
-// so that two inserting goroutines never wait on each other's shards.
-func (m *Memory) evictElsewhere(held *shard, now int64) {
-	for i := range m.shards {
-		sh := &m.shards[i]
-		if sh == held || !sh.mu.TryLock() {
+	// The count stays: a removed state's place passes to the new one, so
+	// that the count never exceeds the bound, even for a moment.
+	soonest, ok := m.dropExpired(sh, now, busy, false)
+	for i := 0; !ok && i < len(m.shards); i++ {
+		o := &m.shards[i]
+		if o == sh || !o.mu.TryLock() {
 			continue
 		}
-		ok := m.evictFrom(sh, now)
-		sh.mu.Unlock()
-		if ok {
+		var at int64
+		at, ok = m.dropExpired(o, now, busy, false)
+		o.mu.Unlock()
+		soonest = min(soonest, at)
+	}
+	if ok {
+		m.evicted.Add(1)
+		return true, 0
+	}
+	m.refused.Add(1)
+	return false, soonest
+}
+
+// dropExpired removes one expired state or log of sh, which the caller
+// holds locked, other than busy's, and uncounts it if uncount. It reports
+// whether it did; if not, the soonest time one of sh's states may expire.
+func (m *Memory) dropExpired(sh *shard, now int64, busy []memKey, uncount bool) (int64, bool) {
+	var asideBuf [8]expiring
+	aside := asideBuf[:0]
+	defer func() {
+		for _, it := range aside {
+			sh.push(it)
+		}
+	}()
+	for len(sh.exp) > 0 {
+		it := sh.exp[0]
+		if it.at > now {
+			return it.at, false
+		}
+		if slices.ContainsFunc(busy, func(k memKey) bool { return k.h == it.h }) {
+			aside = append(aside, sh.pop())
+			continue
+		}
+		if e := sh.m[it.h]; e != nil {
+			if at := m.policyOf(e.id).expiry(&e.state); at > now {
+				sh.exp[0].at = at
+				sh.down(0)
+				continue
+			}
+			delete(sh.m, it.h)
+		} else if l := sh.logs[it.h]; l != nil {
+			if ts, ok := l.newest(); ok && ts+m.policyOf(l.id).window > now {
+				sh.exp[0].at = ts + m.policyOf(l.id).window
+				sh.down(0)
+				continue
+			}
+			delete(sh.logs, it.h)
+		} else {
+			sh.pop() // no state of its own: cannot happen, counts nothing
+			continue
+		}
+		sh.pop()
+		if uncount {
+			m.keys.Add(-1)
+		}
+		sh.deleted++
+		if n := len(sh.m) + len(sh.logs); sh.deleted > max(2*n, 1024) {
+			sh.rebuild()
+		}
+		return 0, true
+	}
+	return math.MaxInt64, false
+}
+
+// rebuild copies sh's maps into new ones sized to what they hold, so that
+// a shard's memory follows its states, not the churn it has seen.
+// (maps.Clone would not: it copies the tables as they are.)
+func (sh *shard) rebuild() {
+	m := make(map[stateKey]*entry, len(sh.m))
+	maps.Copy(m, sh.m)
+	logs := make(map[stateKey]*entryLog, len(sh.logs))
+	maps.Copy(logs, sh.logs)
+	sh.m, sh.logs, sh.deleted = m, logs, 0
+}
+
+// push adds it to sh's expiry heap.
+func (sh *shard) push(it expiring) {
+	sh.exp = append(sh.exp, it)
+	for i := len(sh.exp) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if sh.exp[parent].at <= sh.exp[i].at {
+			break
+		}
+		sh.exp[parent], sh.exp[i] = sh.exp[i], sh.exp[parent]
+		i = parent
+	}
+}
+
+// pop removes and returns the heap's first item.
+func (sh *shard) pop() expiring {
+	it := sh.exp[0]
+	last := len(sh.exp) - 1
+	sh.exp[0] = sh.exp[last]
+	sh.exp = sh.exp[:last]
+	sh.down(0)
+	return it
+}
+
+// down moves item i of the heap down to its place.
+func (sh *shard) down(i int) {
+	h := sh.exp
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
 			return
 		}
+		if c+1 < len(h) && h[c+1].at < h[c].at {
+			c++
+		}
+		if h[i].at <= h[c].at {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
 	}
 }
 
@@ -422,21 +550,21 @@ func (m *Memory) Sweep() {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for h, e := range sh.m {
-			if m.policyOf(e.id).expiry(&e.state) <= now {
-				delete(sh.m, h)
-				m.keys.Add(-1)
-			}
-		}
-		for k, l := range sh.logs {
-			if ts, ok := l.newest(); !ok || ts+m.policy(k).window <= now {
-				delete(sh.logs, k)
-				m.keys.Add(-1)
+		for {
+			if _, ok := m.dropExpired(sh, now, nil, true); !ok {
+				break
 			}
 		}
 		sh.mu.Unlock()
 	}
 }
+
+// Refused returns how many new keys a full store has refused.
+func (m *Memory) Refused() int64 { return m.refused.Load() }
+
+// Evicted returns how many expired states a full store has removed to make
+// room for new keys (the sweeper's removals are not counted).
+func (m *Memory) Evicted() int64 { return m.evicted.Load() }
 
 // Len returns the number of states held.
 func (m *Memory) Len() int { return int(m.keys.Load()) }

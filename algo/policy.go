@@ -335,27 +335,3 @@ func (p *Policy) Capacity() int64 {
 // some day; a request that costs more is denied with ReasonCostTooHigh. It
 // exceeds Capacity only for a shaping leaky bucket.
 func (p *Policy) MaxCost() int64 { return p.maxCost }
-
-// Divided returns the policy with its limit and burst divided by n (at
-// least 1 each), and its cost capped to what the divided policy admits: the
-// share of one of n replicas deciding apart.
-func (p *Policy) Divided(n int) (*Policy, error) {
-	s := p.spec
-	s.Limit = max(s.Limit/int64(n), 1)
-	s.Burst = max(s.Burst/int64(n), 1)
-	if !s.Algorithm.UsesBurst() {
-		s.Burst = 0
-	}
-	d, err := NewPolicy(s)
-	var se *SpecError
-	if errors.As(err, &se) && se.Field == "cost" {
-		// The fixed cost fits the whole policy but not its share:
-		// charge the share's most.
-		s.Cost = 0
-		if d, err = NewPolicy(s); err == nil {
-			s.Cost = d.maxCost
-			d, err = NewPolicy(s)
-		}
-	}
-	return d, err
-}

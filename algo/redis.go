@@ -55,7 +55,7 @@ type Redis struct {
 	seq                  atomic.Uint64   // request ids, from a random start
 
 	regMu    sync.RWMutex
-	ids      map[*Policy]uint16
+	ids      map[paramsKey]uint16
 	policies []*Policy // by id
 
 	nodeMu    sync.RWMutex
@@ -132,7 +132,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		onLost:    opts.OnRefundLost,
 		decideSHA: digest(scripts.Decide),
 		refundSHA: digest(scripts.Refund),
-		ids:       map[*Policy]uint16{},
+		ids:       map[paramsKey]uint16{},
 		nodes:     map[string]int{},
 		queue:     make(chan *call, 64*opts.MaxBatch),
 		slots:     make(chan *worker, opts.Conns),
@@ -286,24 +286,41 @@ func (r *Redis) Close() error {
 	}
 }
 
+// paramsKey is what a policy sends the scripts (see appendParams), with
+// its name: policies alike in it share an id. A policy rebuilt unchanged
+// (a rule set reloaded) keeps its id, and the registry grows with the
+// distinct policies a process has decided, not with reloads. A policy
+// rebuilt with a new limit gets an id of its own: a batch may hold a
+// request decided under the old and one under the new.
+type paramsKey struct {
+	name                                 string
+	alg                                  Algorithm
+	limit, window, burst, delay, maxCost int64
+}
+
+func paramsOf(p *Policy) paramsKey {
+	return paramsKey{p.spec.Name, p.spec.Algorithm, p.spec.Limit, p.window, p.spec.Burst, p.delay, p.maxCost}
+}
+
 // id returns p's id in this store, registering it on first use.
 func (r *Redis) id(p *Policy) (uint16, error) {
+	k := paramsOf(p)
 	r.regMu.RLock()
-	id, ok := r.ids[p]
+	id, ok := r.ids[k]
 	r.regMu.RUnlock()
 	if ok {
 		return id, nil
 	}
 	r.regMu.Lock()
 	defer r.regMu.Unlock()
-	if id, ok := r.ids[p]; ok {
+	if id, ok := r.ids[k]; ok {
 		return id, nil
 	}
 	if len(r.policies) > 0xffff {
 		return 0, fmt.Errorf("redis decide: more than %d policies", 0xffff)
 	}
 	id = uint16(len(r.policies))
-	r.ids[p] = id
+	r.ids[k] = id
 	r.policies = append(r.policies, p)
 	return id, nil
 }

@@ -74,6 +74,9 @@ type Result struct {
 	// RetryAfter is, when the policy denied with ReasonLimited, the time
 	// after which a request of the same cost passes if nothing else
 	// consumes meanwhile (waiting it always suffices); zero otherwise.
+	// For a new key that a full memory store refused (see
+	// MemoryOptions.MaxKeys), it is the time until the soonest state the
+	// store knows of expires, after which there may be room.
 	RetryAfter time.Duration
 	// Delay is, for a shaping leaky bucket that admitted the request, how
 	// long the caller should hold it before letting it through.

@@ -19,8 +19,8 @@ import (
 // during the outage; another used 4 of its 10 through Redis before it, so
 // each replica's local store continues from the admissions it saw Redis
 // make. With one replica the fallback gives exactly the limit; with more,
-// each replica gives limit/R rounded down, so the total stays within R of
-// the limit (below it when R does not divide it).
+// each replica gives limit/R rounded down, so the total is never above the
+// limit, and within R below it.
 func TestFaultFallbackAccuracy(t *testing.T) {
 	for _, replicas := range []int{1, 2, 3} {
 		t.Run(fmt.Sprintf("%d replicas", replicas), func(t *testing.T) { fallbackAccuracy(t, replicas) })
@@ -112,14 +112,14 @@ func fallbackAccuracy(t *testing.T, replicas int) {
 			switch {
 			case replicas == 1 && got != limit:
 				t.Errorf("%s, one replica, client %s: %d admitted in all, want exactly the limit of %d", alg, what, got, limit)
-			case got > limit+replicas || got < limit-replicas:
-				t.Errorf("%s, %d replicas, client %s: %d admitted in all, want within %d of the limit of %d", alg, replicas, what, got, replicas, limit)
+			case got > limit || got < limit-replicas:
+				t.Errorf("%s, %d replicas, client %s: %d admitted in all, want at most the limit of %d and within %d of it", alg, replicas, what, got, limit, replicas)
 			}
 		}
 	}
 	expected := fmt.Sprintf("all replicas together admit exactly the limit (%d a day)", limit)
 	if replicas > 1 {
-		expected = fmt.Sprintf("all replicas together admit within %d of the limit (%d a day): each its share, %d/%d rounded down", replicas, limit, limit, replicas)
+		expected = fmt.Sprintf("all replicas together admit at most the limit (%d a day), within %d below it: each its share, %d/%d rounded down", limit, replicas, limit, replicas)
 	}
 	faults.Record(t, faultlog.Row{
 		Fault:        fmt.Sprintf("Local fallback accuracy: Redis down, %d replica(s) behind a round-robin, AUTHLIMIT_LOCAL_DIVISOR=%d", replicas, replicas),

@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // Error is one mistake in a configuration: the file and line, the domain,
@@ -559,38 +560,8 @@ func unjoin(err error) []error {
 
 // suggest names the known word closest to a misspelt one, if any is close.
 func suggest(s string, known []string) string {
-	best, bestD := "", 4
-	if len(s) <= 4 {
-		bestD = 2
+	if best := rules.Closest(s, known); best != "" {
+		return fmt.Sprintf(" (did you mean %q?)", best)
 	}
-	for _, k := range known {
-		if d := distance(s, k); d < bestD {
-			best, bestD = k, d
-		}
-	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-// distance is the Levenshtein distance of two short strings.
-func distance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return ""
 }

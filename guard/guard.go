@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,8 +108,10 @@ type Options struct {
 	Local Store
 	// Policies are every policy Decide will be asked about.
 	Policies []*algo.Policy
-	// LocalDivisor divides every policy's limit and burst in Local: the
-	// number of replicas deciding locally at once.
+	// LocalDivisor is the number of replicas deciding locally at once: in
+	// Local, every request costs LocalDivisor times its cost, so that each
+	// replica admits at most its share of every policy and together they
+	// admit at most the policy (see Guard.localRequests).
 	LocalDivisor int
 	// BreakerFailures consecutive failed calls open a shard's circuit.
 	BreakerFailures int
@@ -144,10 +147,12 @@ type Guard struct {
 	prober   Prober
 	failMode FailMode
 	local    Store
-	divisor  int
-	divided  map[*algo.Policy]*algo.Policy
-	ids      map[*algo.Policy]uint32
-	learnt   learnt
+	divisor  int64
+	// never admits nothing: the local store asks it in place of a policy
+	// that already admits the largest cost, for a request too costly for
+	// a replica's share of that policy (see localRequests).
+	never    *algo.Policy
+	policies atomic.Pointer[policySet]
 	denies   *denyCache
 	metrics  *metrics
 	log      *slog.Logger
@@ -186,30 +191,26 @@ func New(opts Options) (*Guard, error) {
 		remote:   opts.Remote,
 		failMode: opts.FailMode,
 		local:    opts.Local,
-		divisor:  opts.LocalDivisor,
-		divided:  map[*algo.Policy]*algo.Policy{},
-		ids:      map[*algo.Policy]uint32{},
+		divisor:  int64(opts.LocalDivisor),
 		log:      opts.Logger,
 		clock:    opts.Clock,
 	}
 	g.scratch.New = func() any { return new(scratch) }
 	g.sharded, _ = opts.Store.(Sharded)
 	g.prober, _ = opts.Store.(Prober)
-	for i, p := range opts.Policies {
-		g.ids[p] = uint32(i)
-		if opts.Remote && opts.FailMode == FailLocal {
-			d, err := p.Divided(opts.LocalDivisor)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("guard: policy %q divided by %d: %w", p.Name(), opts.LocalDivisor, err))
-				continue
-			}
-			g.divided[p] = d
-		}
+	never, err := algo.NewPolicy(algo.Spec{Name: "never", Algorithm: algo.FixedWindow, Limit: 1, Window: time.Second})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("guard: the policy that admits nothing: %w", err))
 	}
+	g.never = never
+	set, err := g.newPolicySet(opts.Policies)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	g.policies.Store(set)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	var err error
 	if g.metrics, err = newMetrics(opts.Registry); err != nil {
 		return nil, err
 	}
@@ -218,6 +219,53 @@ func New(opts Options) (*Guard, error) {
 	}
 	g.breakers = newBreakers(opts.BreakerFailures, opts.BreakerBackoff, opts.BreakerMaxBackoff, opts.ProbeTimeout, g)
 	return g, nil
+}
+
+// policyKey identifies a policy across rule sets: its name and algorithm,
+// as the stores' keys do. A policy rebuilt with a new limit is its
+// predecessor's successor.
+type policyKey struct {
+	name string
+	alg  algo.Algorithm
+}
+
+func keyOf(p *algo.Policy) policyKey { return policyKey{p.Name(), p.Spec().Algorithm} }
+
+// policySet is what the guard knows of the policies in force, swapped
+// whole by RegisterPolicies. It is keyed by identity, so that a request decided
+// under the previous set finds its policy's successor.
+type policySet struct {
+	// ids are the deny cache's names for the policies.
+	ids map[policyKey]uint32
+}
+
+// newPolicySet builds the set of ps. It reports no error today; a check
+// that a new set must pass before it replaces the old one goes here.
+func (g *Guard) newPolicySet(ps []*algo.Policy) (*policySet, error) {
+	set := &policySet{ids: map[policyKey]uint32{}}
+	for i, p := range ps {
+		set.ids[keyOf(p)] = uint32(i)
+	}
+	return set, nil
+}
+
+// RegisterPolicies puts ps in force in place of the policies the guard was
+// built with, or last given (decide.Engine.SetRules calls it when a rule
+// set is swapped): it checks them all first and, on any problem, keeps the
+// previous ones and reports every problem. A policy
+// whose name and algorithm are unchanged keeps its state in the stores;
+// the deny cache forgets what it remembered, which the previous limits
+// decided.
+func (g *Guard) RegisterPolicies(ps []*algo.Policy) error {
+	set, err := g.newPolicySet(ps)
+	if err != nil {
+		return err
+	}
+	g.policies.Store(set)
+	if g.denies != nil {
+		g.denies.clear()
+	}
+	return nil
 }
 
 // Start gets a remote store ready (see Warmer) and starts probing. If the
@@ -330,23 +378,44 @@ func (m FailMode) decide(g *Guard, ctx context.Context, sc *scratch, reqs []algo
 	case FailClosed:
 		return false, ErrUnavailable
 	}
-	local := g.localRequests(sc.reqs[:0], reqs)
+	local := g.localRequests(sc.reqs[:0], reqs, false)
 	start := time.Now()
 	ok, err := g.local.Decide(ctx, local, res)
 	g.metrics.localLatency.Observe(time.Since(start).Seconds())
+	if err == nil && g.divisor > 1 {
+		// Report the replica's share in the request's own units.
+		for i := range reqs {
+			r := &res[i]
+			r.Limit = reqs[i].Policy.Capacity() / g.divisor
+			r.Remaining /= g.divisor
+		}
+	}
 	return ok, err
 }
 
-// localRequests returns reqs with the local store's divided policies.
-func (g *Guard) localRequests(dst, reqs []algo.Request) []algo.Request {
+// localRequests returns reqs as the local store decides them. With a
+// divisor R, a request of cost c costs c·R there: a replica then admits at
+// most 1/R of what the policy admits, for every algorithm, limit and cost,
+// and R replicas together at most the policy, exactly; a limit below R
+// admits nothing locally. (Dividing the limit instead rounds: a limit of 3
+// shared by 4 became 1 each, and a cost above the share had to be charged
+// the share.) A cost whose c·R is more than the policy ever admits is too
+// high on this replica; mirror, which records what the store admitted,
+// charges it the whole share instead.
+func (g *Guard) localRequests(dst, reqs []algo.Request, mirror bool) []algo.Request {
 	for _, q := range reqs {
-		d, ok := g.divided[q.Policy]
-		if !ok {
-			d = g.learn(q.Policy).divided
-		}
-		if d != nil {
-			q.Policy = d
-			q.Cost = min(q.EffectiveCost(), d.MaxCost())
+		if g.divisor > 1 {
+			p, c := q.Policy, q.EffectiveCost()
+			switch {
+			case c <= p.MaxCost()/g.divisor:
+				q.Cost = c * g.divisor
+			case mirror:
+				q.Cost = p.MaxCost()
+			case p.MaxCost() < algo.MaxLimit:
+				q.Cost = p.MaxCost() + 1 // cost too high, and nothing consumed
+			default:
+				q.Policy, q.Cost = g.never, 2
+			}
 		}
 		dst = append(dst, q)
 	}
@@ -360,7 +429,7 @@ func (g *Guard) mirror(ctx context.Context, sc *scratch, reqs []algo.Request) {
 	if g.failMode != FailLocal {
 		return
 	}
-	local := g.localRequests(sc.reqs[:0], reqs)
+	local := g.localRequests(sc.reqs[:0], reqs, true)
 	res := sc.res[:]
 	if len(local) > len(res) {
 		res = make([]algo.Result, len(local))
@@ -393,12 +462,17 @@ func (g *Guard) Ready() (ready bool, detail string) {
 // decided (algo.Result.NotDecided): their state was not read.
 func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.Time) bool {
 	hit := -1
+	ids := g.policies.Load().ids
 	for i := range reqs {
 		q := &reqs[i]
 		if q.Shadow {
 			continue
 		}
-		if r, ok := g.denies.get(g.id(q.Policy), q.Key, q.EffectiveCost(), now); ok {
+		id, known := ids[keyOf(q.Policy)]
+		if !known {
+			continue
+		}
+		if r, ok := g.denies.get(id, q.Key, q.EffectiveCost(), now); ok {
 			res[i], hit = r, i
 			break
 		}
@@ -420,10 +494,11 @@ func (g *Guard) remember(reqs []algo.Request, res []algo.Result, now time.Time) 
 	if g.denies == nil {
 		return
 	}
+	ids := g.policies.Load().ids
 	for i := range reqs {
 		q := &reqs[i]
-		if !q.Shadow && res[i].Reason == algo.ReasonLimited {
-			g.denies.put(g.id(q.Policy), q.Key, q.EffectiveCost(), res[i], now)
+		if id, known := ids[keyOf(q.Policy)]; known && !q.Shadow && res[i].Reason == algo.ReasonLimited {
+			g.denies.put(id, q.Key, q.EffectiveCost(), res[i], now)
 		}
 	}
 }

@@ -156,7 +156,11 @@ func parseRule(n int, src string) (*Rule, error) {
 				err = errors.New("want true or false")
 			}
 		default:
-			errs = append(errs, fmt.Errorf("%s: unknown field (want %s)", k, fieldNames))
+			hint := ""
+			if c := Closest(k, strings.Split(strings.NewReplacer(",", "", " or", "").Replace(fieldNames), " ")); c != "" {
+				hint = fmt.Sprintf(" (did you mean %s?)", c)
+			}
+			errs = append(errs, fmt.Errorf("%s: unknown field%s (want %s)", k, hint, fieldNames))
 		}
 		if err != nil {
 			fail(k, err)

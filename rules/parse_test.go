@@ -99,6 +99,8 @@ func TestParseRulesErrorsNameRuleAndField(t *testing.T) {
 		{`name=a limit=1/1m on_missing=maybe`, []string{`on_missing "maybe": want skip or deny`}},
 		{`name=a limit=1/1m shadow=yesplease`, []string{`shadow "yesplease": want true or false`}},
 		{`name=a limit=1/1m colour=blue`, []string{`colour: unknown field`}},
+		{`name=a limt=1/1m`, []string{`limt: unknown field (did you mean limit?)`}},
+		{`name=a limit=1/1m algoritm=gcra`, []string{`algoritm: unknown field (did you mean algorithm?)`}},
 		{`name=a limit=1/1m limit=2/1m`, []string{`limit: given twice`}},
 		{`name=a limit=1/1m oops`, []string{`"oops" is not field=value`}},
 		{`name=a limit=1/1m method=GE T`, []string{`"T" is not field=value`}},

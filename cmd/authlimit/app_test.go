@@ -62,7 +62,7 @@ func startApp(t *testing.T, environ map[string]string) *testApp {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
-		served <- a.serve(ctx, newListener(ln, s.MaxHeaderBytes, a.accepted, serverTimeouts), 5*time.Second)
+		served <- a.serve(ctx, a.listener(ln, s), 5*time.Second)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,6 +55,7 @@ type config struct {
 	RedisTimeout          time.Duration `env:"REDIS_TIMEOUT" envDefault:"50ms"`
 	RedisPoolSize         int           `env:"REDIS_POOL_SIZE" envDefault:"4"`
 	Rules                 string        `env:"RULES"`
+	RulesFile             string        `env:"RULES_FILE"`
 	TrustedProxies        []string      `env:"TRUSTED_PROXIES" envDefault:"127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"`
 	DenyStatus            int           `env:"DENY_STATUS" envDefault:"429"`
 	FailMode              string        `env:"FAIL_MODE" envDefault:"local"`
@@ -73,6 +76,7 @@ type config struct {
 	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"500ms"`
 	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS"` // default in defaultConfig
 	MaxHeaderBytes        int           `env:"MAX_HEADER_BYTES" envDefault:"32768"`
+	MaxConns              int           `env:"MAX_CONNS"` // unset: derived from the open file limit
 	ShutdownTimeout       time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
 	LogLevel              string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat             string        `env:"LOG_FORMAT" envDefault:"json"`
@@ -90,16 +94,21 @@ func defaultConfig() config {
 // settings is config validated and parsed into the types the program uses.
 type settings struct {
 	config
-	rules          []*rules.Rule
-	defaultRules   bool
-	failMode       guard.FailMode
-	trusted        []netip.Prefix
-	allow, block   []netip.Prefix
-	logLevel       slog.Level
-	redisOptions   *redis.UniversalOptions // nil: the embedded memory store
-	redisPlain     *redis.Options          // standalone mode's options
-	redisDisplay   string                  // the store, credentials hidden
-	listenNetwork  string
+	rules         []*rules.Rule
+	defaultRules  bool
+	rulesHash     string // of the rules in force, see rulesHash
+	failMode      guard.FailMode
+	trusted       []netip.Prefix
+	allow, block  []netip.Prefix
+	logLevel      slog.Level
+	redisOptions  *redis.UniversalOptions // nil: the embedded memory store
+	redisPlain    *redis.Options          // standalone mode's options
+	redisDisplay  string                  // the store, credentials hidden
+	listenNetwork string
+	// maxConns is AUTHLIMIT_MAX_CONNS, or when unset, once limitConns
+	// ran, derived from the open file limit (0: no cap).
+	maxConns       int
+	fdLimit        uint64 // the open file limit limitConns was given; 0: unknown
 	listenAddress  string
 	unknownEnvVars []string
 	// warnings are settings that are valid but do nothing in the usual
@@ -107,6 +116,31 @@ type settings struct {
 	// logs them.
 	warnings []string
 	rls      *envoyconf.Config // nil: no rate-limit service
+}
+
+// limitConns sets the connection cap: AUTHLIMIT_MAX_CONNS if set, else
+// the open file limit less a reserve of a tenth (at least 64) for the
+// store's connections, the listeners and the files the process opens, so
+// that new connections are closed at once rather than accepts failing.
+func (s *settings) limitConns(fdLimit uint64) {
+	s.fdLimit = fdLimit
+	switch {
+	case s.MaxConns > 0:
+		s.maxConns = s.MaxConns
+	case fdLimit == 0:
+		s.maxConns = 0
+	default:
+		s.maxConns = defaultMaxConns(fdLimit)
+	}
+}
+
+// defaultMaxConns is the connection cap for an open file limit.
+func defaultMaxConns(fdLimit uint64) int {
+	reserve := max(fdLimit/10, 64)
+	if fdLimit <= 2*reserve {
+		return int(max(fdLimit/2, 1))
+	}
+	return int(min(fdLimit-reserve, 1<<30))
 }
 
 // ConfigError is one configuration mistake: the variable and what is wrong.
@@ -195,21 +229,40 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
 	grpcSettings(&c, s, problem)
 
-	if _, set := environ[envPrefix+"RULES"]; !set {
-		c.Rules, s.defaultRules = rules.Default, true
-	}
-	rs, err := rules.Parse(c.Rules)
-	if err != nil {
-		for _, e := range unjoin(err) {
-			problem("RULES", e)
+	_, rulesSet := environ[envPrefix+"RULES"]
+	switch {
+	case c.RulesFile != "" && rulesSet:
+		problem("RULES_FILE", errors.New("set together with AUTHLIMIT_RULES: set one of them"))
+	case c.RulesFile != "":
+		rs, err := loadRulesFile(c.RulesFile)
+		if err != nil {
+			for _, e := range unjoin(err) {
+				problem("RULES_FILE", e)
+			}
 		}
+		s.rules = rs
+	default:
+		if !rulesSet {
+			c.Rules, s.defaultRules = rules.Default, true
+		}
+		rs, err := rules.Parse(c.Rules)
+		if err != nil {
+			for _, e := range unjoin(err) {
+				problem("RULES", e)
+			}
+		}
+		s.rules = rs
 	}
-	s.rules = rs
-	for _, r := range rs {
+	rulesVar := "RULES"
+	if c.RulesFile != "" {
+		rulesVar = "RULES_FILE"
+	}
+	for _, r := range s.rules {
 		for _, w := range r.Warnings() {
-			s.warnings = append(s.warnings, envPrefix+"RULES: "+w)
+			s.warnings = append(s.warnings, envPrefix+rulesVar+": "+w)
 		}
 	}
+	s.rulesHash = rulesHash(s.rules)
 
 	if len(c.TrustedProxies) == 1 && strings.TrimSpace(c.TrustedProxies[0]) == "none" {
 		s.trusted = nil
@@ -222,6 +275,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	if c.DenyStatus < 400 || c.DenyStatus > 599 {
 		problem("DENY_STATUS", fmt.Errorf("%d is not a 4xx or 5xx status (nginx auth_request passes only 401 and 403: use 403 and map it to 429)", c.DenyStatus))
 	}
+	var err error
 	if s.failMode, err = guard.ParseFailMode(c.FailMode); err != nil {
 		problem("FAIL_MODE", err)
 	}
@@ -233,6 +287,9 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	positive("LOCAL_DIVISOR", c.LocalDivisor)
 	positive("BREAKER_FAILURES", c.BreakerFailures)
 	positive("MEMORY_MAX_KEYS", c.MemoryMaxKeys)
+	if v := environ[envPrefix+"MAX_CONNS"]; strings.TrimSpace(v) != "" {
+		positive("MAX_CONNS", c.MaxConns)
+	}
 	if c.IPv4Prefix < 1 || c.IPv4Prefix > 32 {
 		problem("IPV4_PREFIX", fmt.Errorf("%d is not a prefix length from 1 to 32", c.IPv4Prefix))
 	}
@@ -590,37 +647,10 @@ func typeHint(t reflect.Type) string {
 
 // suggest names a known variable close to an unknown one.
 func suggest(k string, known map[string]bool) string {
-	best, bestD := "", 4
-	for name := range known {
-		if d := distance(k, name); d < bestD || d == bestD && name < best {
-			best, bestD = name, d
-		}
+	if best := rules.Closest(k, slices.Collect(maps.Keys(known))); best != "" {
+		return fmt.Sprintf(" (did you mean %s?)", best)
 	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" (did you mean %s?)", best)
-}
-
-// distance is the Levenshtein distance of two short strings.
-func distance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return ""
 }
 
 // unjoin flattens errors.Join trees into their leaves.
@@ -676,9 +706,20 @@ func (s *settings) describe() string {
 	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
+	switch {
+	case s.MaxConns > 0:
+		w("max conns", fmt.Sprint(s.MaxConns))
+	case s.maxConns > 0:
+		w("max conns", fmt.Sprintf("%d (the open file limit %d, less a reserve)", s.maxConns, s.fdLimit))
+	default:
+		w("max conns", "no cap: the open file limit is unknown")
+	}
 	suffix := ""
-	if s.defaultRules {
+	switch {
+	case s.defaultRules:
 		suffix = " (AUTHLIMIT_RULES unset: the default rule)"
+	case s.RulesFile != "":
+		suffix = fmt.Sprintf(" (from %s, reloaded when it changes or on SIGHUP; hash %s)", s.RulesFile, s.rulesHash)
 	}
 	fmt.Fprintf(&b, "  rules%s:\n", suffix)
 	for _, r := range s.rules {

@@ -430,3 +430,38 @@ func TestCheckRulesThatNeverWork(t *testing.T) {
 		t.Errorf("the start does not log the warning:\n%s", logs)
 	}
 }
+
+// TestMaxConns: AUTHLIMIT_MAX_CONNS is a positive number of connections;
+// unset, the cap is the open file limit less a reserve.
+func TestMaxConns(t *testing.T) {
+	for _, v := range []string{"0", "-5", "many"} {
+		_, err := loadConfig(map[string]string{"AUTHLIMIT_MAX_CONNS": v})
+		if err == nil || !strings.Contains(err.Error(), "AUTHLIMIT_MAX_CONNS") {
+			t.Errorf("AUTHLIMIT_MAX_CONNS=%s: %v; want an error naming the variable", v, err)
+		}
+	}
+	s, err := loadConfig(map[string]string{"AUTHLIMIT_MAX_CONNS": "500"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.limitConns(256)
+	if s.maxConns != 500 {
+		t.Errorf("AUTHLIMIT_MAX_CONNS=500 under a limit of 256: cap %d, want 500 as set", s.maxConns)
+	}
+	for _, tc := range []struct {
+		limit uint64
+		want  int
+	}{{0, 0}, {1, 1}, {100, 50}, {128, 64}, {256, 192}, {1024, 922}, {1 << 20, 943719}} {
+		s, err := loadConfig(map[string]string{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.limitConns(tc.limit)
+		if s.maxConns != tc.want {
+			t.Errorf("open file limit %d: cap %d, want %d", tc.limit, s.maxConns, tc.want)
+		}
+		if tc.limit > 0 && !strings.Contains(s.describe(), fmt.Sprintf("max conns        %d (the open file limit %d", tc.want, tc.limit)) {
+			t.Errorf("describe() does not give the cap %d:\n%s", tc.want, s.describe())
+		}
+	}
+}

@@ -56,7 +56,7 @@ func TestExtAuthzSharesTheEngine(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		_ = a.serve(ctx, newListener(tcp, s.MaxHeaderBytes, a.accepted, serverTimeouts), s.ShutdownTimeout)
+		_ = a.serve(ctx, a.listener(tcp, s), s.ShutdownTimeout)
 	}()
 	c, err := net.Dial("tcp", tcp.Addr().String())
 	if err != nil {

@@ -162,7 +162,7 @@ func TestRLSServed(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		served := make(chan error, 1)
 		go func() {
-			served <- a.serve(ctx, newListener(ln, s.MaxHeaderBytes, a.accepted, serverTimeouts), 5*time.Second)
+			served <- a.serve(ctx, a.listener(ln, s), 5*time.Second)
 		}()
 		conn := grpcClient(t, a.grpc.listener.Addr().String())
 		for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
@@ -305,7 +305,7 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
-		served <- a.serve(ctx, newListener(fasthttputil.NewInmemoryListener(), s.MaxHeaderBytes, a.accepted, serverTimeouts), 5*time.Second)
+		served <- a.serve(ctx, a.listener(fasthttputil.NewInmemoryListener(), s), 5*time.Second)
 	}()
 	defer func() {
 		cancel()

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,22 +17,72 @@ import (
 
 // listener is the server's listener. It keeps the connections it accepts,
 // so that shutdown can close those that never sent a byte, wraps each in a
-// conn, and counts them.
+// conn, and counts them. It never fails on an error a later accept may not
+// have (no file descriptor free, say): it waits and accepts again, as
+// net/http does, so that a client opening connections cannot end the
+// process. It keeps at most maxConns connections, closing any beyond at
+// once, so that file descriptors remain for the store and for the
+// connections it has.
 type listener struct {
 	net.Listener
-	maxHeader int                // the largest header block: fasthttp refuses larger ones itself
-	accepted  prometheus.Counter // every connection accepted
-	timeouts  timeouts
+	listenerConfig
+	closed    chan struct{} // closed by Close: a wait between accepts ends
+	closeOnce sync.Once
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
 	shutting bool
 }
 
-// newListener wraps l; accepted counts every connection it accepts, and
-// each keeps the timeouts t.
-func newListener(l net.Listener, maxHeader int, accepted prometheus.Counter, t timeouts) *listener {
-	return &listener{Listener: l, maxHeader: maxHeader, accepted: accepted, timeouts: t, conns: map[*conn]struct{}{}}
+// listenerConfig is what a listener keeps.
+type listenerConfig struct {
+	maxHeader int // the largest header block: fasthttp refuses larger ones itself
+	maxConns  int // the most connections kept at once; 0: no cap
+	timeouts  timeouts
+	metrics   connMetrics
+	log       *slog.Logger
+}
+
+// connMetrics count what the decision listener does with connections.
+type connMetrics struct {
+	accepted     prometheus.Counter // accepted and served
+	rejected     prometheus.Counter // closed at once: maxConns were open
+	acceptErrors prometheus.Counter // failed accepts, each followed by a wait
+}
+
+// newListener wraps l.
+func newListener(l net.Listener, c listenerConfig) *listener {
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	return &listener{Listener: l, listenerConfig: c, closed: make(chan struct{}), conns: map[*conn]struct{}{}}
+}
+
+// Close closes the listener and ends a wait between accepts.
+func (l *listener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// The waits after a failed accept: doubling from the first to the longest.
+const (
+	acceptFirstWait   = 5 * time.Millisecond
+	acceptLongestWait = time.Second
+)
+
+// retryAccept reports whether a failed accept may succeed later: the
+// process or the system is out of file descriptors or memory, or a
+// connection went away before it was accepted.
+func retryAccept(err error) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return false
+	}
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.ECONNRESET, syscall.EINTR, syscall.EAGAIN} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return isTimeout(err)
 }
 
 // timeouts bound how long a client holds a connection. conn keeps them,
@@ -58,14 +110,42 @@ type timeouts struct {
 var serverTimeouts = timeouts{read: 10 * time.Second, write: 10*time.Second + algo.MaxDelay, idle: 2 * time.Minute}
 
 // Accept returns the next connection; once shutdown began, it closes new
-// ones at once (the listener itself closes a moment later).
+// ones at once (the listener itself closes a moment later), as it does
+// those beyond maxConns. After an error a later accept may not have, it
+// waits, from 5 ms doubling up to 1 s, and accepts again; it returns any
+// other error.
 func (l *listener) Accept() (net.Conn, error) {
+	var wait time.Duration
 	for {
 		nc, err := l.Listener.Accept()
 		if err != nil {
-			return nil, err
+			if !retryAccept(err) {
+				return nil, err
+			}
+			l.metrics.acceptErrors.Inc()
+			if wait == 0 {
+				l.log.Warn("accept failed; accepting again after a wait", "err", err)
+			}
+			wait = min(max(2*wait, acceptFirstWait), acceptLongestWait)
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+				continue
+			case <-l.closed:
+				t.Stop()
+				return nil, net.ErrClosed
+			}
 		}
-		l.accepted.Inc()
+		wait = 0
+		l.mu.Lock()
+		full := l.maxConns > 0 && len(l.conns) >= l.maxConns
+		l.mu.Unlock()
+		if full {
+			_ = nc.Close()
+			l.metrics.rejected.Inc()
+			continue
+		}
+		l.metrics.accepted.Inc()
 		c := &conn{Conn: nc, l: l, scanning: true, start: time.Now()}
 		// The first deadlines: no later than any this connection's
 		// requests will have (see conn.Read).
@@ -140,7 +220,10 @@ func (c *conn) Read(p []byte) (int, error) {
 		return 0, errBareLF
 	}
 	n, err := c.Conn.Read(p)
-	for n == 0 && isTimeout(err) && c.extend(c.Conn.SetReadDeadline, c.readDeadline(), c.l.timeouts.read) {
+	// A read of nothing without an error (an empty write into an
+	// in-memory pipe) is read again: fasthttp, waiting for a request's
+	// first byte with ReduceMemoryUsage, takes it for a broken reader.
+	for n == 0 && len(p) > 0 && (err == nil || isTimeout(err) && c.extend(c.Conn.SetReadDeadline, c.readDeadline(), c.l.timeouts.read)) {
 		n, err = c.Conn.Read(p)
 	}
 	if n > 0 {
@@ -156,6 +239,12 @@ func (c *conn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// keptHead is the largest head buffer a connection keeps for its next
+// request. fasthttp reads a waiting connection's first byte alone, so every
+// request's header block starts in head; a small buffer kept saves an
+// allocation per request, a large one is not held by a waiting connection.
+const keptHead = 1 << 10
+
 // continueLine starts the interim answer to "Expect: 100-continue", after
 // which the same request's body comes.
 var continueLine = []byte("HTTP/1.1 100 ")
@@ -166,6 +255,9 @@ func (c *conn) Write(p []byte) (int, error) {
 	// at: no proxy pipelines, and such a one still gets its 408.)
 	if !bytes.HasPrefix(p, continueLine) {
 		c.scanning, c.head, c.busy = true, c.head[:0], false
+		if cap(c.head) > keptHead {
+			c.head = nil
+		}
 	}
 	t := c.l.timeouts
 	n, err := c.Conn.Write(p)

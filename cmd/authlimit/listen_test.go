@@ -22,7 +22,11 @@ func serveWithTimeouts(t *testing.T, tm timeouts, h fasthttp.RequestHandler) *li
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newListener(tcp, 8<<10, prometheus.NewCounter(prometheus.CounterOpts{Name: "accepted"}), tm)
+	l := newListener(tcp, listenerConfig{maxHeader: 8 << 10, timeouts: tm, metrics: connMetrics{
+		accepted:     prometheus.NewCounter(prometheus.CounterOpts{Name: "accepted"}),
+		rejected:     prometheus.NewCounter(prometheus.CounterOpts{Name: "rejected"}),
+		acceptErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "accept_errors"}),
+	}})
 	s := &fasthttp.Server{Handler: h, ErrorHandler: errorHandler, NoDefaultServerHeader: true, CloseOnShutdown: true}
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(l) }()

@@ -78,6 +78,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return usageError{fmt.Errorf("configuration:\n%s", indent(err.Error()))}
 	}
+	fdLimit, fdErr := raiseFDLimit()
+	s.limitConns(fdLimit)
 	if *check {
 		fmt.Fprint(stdout, s.describe())
 		return nil
@@ -87,11 +89,33 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 
 	log := newLogger(s, stderr)
+	if fdErr != nil {
+		log.Warn("could not raise the open file limit", "err", fdErr, "limit", fdLimit)
+	}
+	if s.MaxConns > 0 && fdLimit > 0 && uint64(s.MaxConns) > fdLimit {
+		log.Warn("AUTHLIMIT_MAX_CONNS is above the open file limit: beyond the limit, accepts fail and wait instead of closing new connections at once", "max_conns", s.MaxConns, "open_file_limit", fdLimit)
+	}
 	a, err := newApp(ctx, s, log)
 	if err != nil {
 		return err
 	}
 	defer a.close()
+	if err := a.reload.watch(ctx); err != nil {
+		return err
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				a.reload.reload("SIGHUP")
+			}
+		}
+	}()
 
 	var l net.Listener
 	if s.listenNetwork == "unix" {
@@ -101,7 +125,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.Listen, err)
 	}
-	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules))
+	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules), "max_conns", s.maxConns, "open_file_limit", fdLimit)
 	if s.PprofListen != "" {
 		stopPprof, err := servePprof(s.PprofListen, log)
 		if err != nil {
@@ -110,7 +134,18 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		defer stopPprof()
 	}
 
-	return a.serve(ctx, newListener(l, s.MaxHeaderBytes, a.accepted, serverTimeouts), s.ShutdownTimeout)
+	return a.serve(ctx, a.listener(l, s), s.ShutdownTimeout)
+}
+
+// listener wraps the decision listener l with the settings' limits.
+func (a *app) listener(l net.Listener, s *settings) *listener {
+	return newListener(l, listenerConfig{
+		maxHeader: s.MaxHeaderBytes,
+		maxConns:  s.maxConns,
+		timeouts:  serverTimeouts,
+		metrics:   a.conns,
+		log:       a.log,
+	})
 }
 
 // app is a configured authlimit: the engine, the fronts, their servers and
@@ -122,9 +157,11 @@ type app struct {
 	server  *fasthttp.Server
 	log     *slog.Logger
 	closers []func() error
-	// accepted counts the connections the decision listener accepts (see
+	// reload reloads AUTHLIMIT_RULES_FILE.
+	reload *reloader
+	// conns count what the decision listener does with connections (see
 	// newListener).
-	accepted prometheus.Counter
+	conns connMetrics
 	// stopping is closed when shutdown begins: it ends the holds of shaped
 	// requests (see hold).
 	stopping chan struct{}
@@ -206,11 +243,21 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	// A proxy that keeps its connections to authlimit alive opens a few and
 	// reuses them: a count that grows with the requests means it does not
 	// (nginx auth_request without proxy_method HEAD, on every denial).
-	a.accepted = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "authlimit_connections_accepted_total",
-		Help: "Connections the decision listener accepted. Behind a proxy that keeps connections alive it grows far slower than authlimit_requests_total.",
-	})
-	reg.MustRegister(a.accepted)
+	a.conns = connMetrics{
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "authlimit_connections_accepted_total",
+			Help: "Connections the decision listener accepted. Behind a proxy that keeps connections alive it grows far slower than authlimit_requests_total.",
+		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "authlimit_connections_rejected_total",
+			Help: "Connections closed at once because AUTHLIMIT_MAX_CONNS connections were open.",
+		}),
+		acceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "authlimit_accept_errors_total",
+			Help: "Failed accepts (such as no file descriptor free), each followed by a wait of 5 ms to 1 s before accepting again.",
+		}),
+	}
+	reg.MustRegister(a.conns.accepted, a.conns.rejected, a.conns.acceptErrors)
 	var policies []*algo.Policy
 	for _, r := range s.rules {
 		policies = append(policies, r.Policy)
@@ -231,6 +278,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	if s.redisOptions == nil {
 		m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 		a.closers = append(a.closers, m.Close)
+		registerMemory(reg, m, "primary")
 		gopts.Store = m
 	} else {
 		var client redis.UniversalClient
@@ -259,6 +307,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		if s.failMode == guard.FailLocal {
 			m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 			a.closers = append(a.closers, m.Close)
+			registerMemory(reg, m, "local")
 			gopts.Local = m
 		}
 	}
@@ -300,6 +349,10 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.engine = e
+	if a.reload, err = newReloader(s, e, reg, log, time.Now); err != nil {
+		a.close()
+		return nil, err
+	}
 	h, err := handler.New(handler.Options{
 		Engine:       e,
 		Ready:        g,
@@ -326,7 +379,16 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		Name:                  "authlimit",
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
-		ReadBufferSize:        s.MaxHeaderBytes,
+		// The read buffer bounds the header block, so it is
+		// AUTHLIMIT_MAX_HEADER_BYTES. ReduceMemoryUsage takes buffers
+		// from a pool when a request's first byte comes and gives them
+		// back once it is answered: a waiting connection holds none.
+		// With a 32 KiB read buffer each held about 41 KB before.
+		ReadBufferSize:    s.MaxHeaderBytes,
+		ReduceMemoryUsage: true,
+		// A connection's serving goroutine waits this long for another
+		// connection before it ends and frees its stack (default 10s).
+		MaxIdleWorkerDuration: 2 * time.Second,
 		MaxRequestBodySize:    64 << 10,
 		// No ReadTimeout, WriteTimeout or IdleTimeout: the listener's
 		// conns keep serverTimeouts.
@@ -346,6 +408,29 @@ func (a *app) serveHTTP(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose()
 	default:
 	}
+}
+
+// registerMemory exports how full a memory store is and what its bound
+// gives up; store is primary (the embedded store) or local (the fallback).
+func registerMemory(reg prometheus.Registerer, m *algo.Memory, store string) {
+	labels := prometheus.Labels{"store": store}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "authlimit_memory_keys",
+			Help:        "States the in-memory store holds; at most AUTHLIMIT_MEMORY_MAX_KEYS.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(m.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "authlimit_memory_refused_total",
+			Help:        "Requests denied because the in-memory store was full and no state in it was back to full quota: their new key could not be kept.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(m.Refused()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "authlimit_memory_evicted_total",
+			Help:        "States back to full quota that a full in-memory store removed to keep a new key.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(m.Evicted()) }),
+	)
 }
 
 // refused reports whether Redis answered, but refused authlimit: wrong

@@ -66,7 +66,7 @@ func TestShutdownClosesIdleConnectionsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newListener(tcp, s.MaxHeaderBytes, a.accepted, serverTimeouts)
+	l := a.listener(tcp, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	served := make(chan error, 1)
@@ -221,7 +221,7 @@ func TestHeaderEndInPieces(t *testing.T) {
 	}
 	for _, tc := range tests {
 		for cut := 0; cut <= len(tc.req); cut++ {
-			c := &conn{l: &listener{maxHeader: 4096}, scanning: true}
+			c := &conn{l: &listener{listenerConfig: listenerConfig{maxHeader: 4096}}, scanning: true}
 			got := c.bareLF([]byte(tc.req[:cut]))
 			if !got && c.scanning {
 				got = c.bareLF([]byte(tc.req[cut:]))
@@ -232,7 +232,7 @@ func TestHeaderEndInPieces(t *testing.T) {
 		}
 	}
 	// Beyond the largest header block, fasthttp answers 431 itself.
-	c := &conn{l: &listener{maxHeader: 64}, scanning: true}
+	c := &conn{l: &listener{listenerConfig: listenerConfig{maxHeader: 64}}, scanning: true}
 	if c.bareLF([]byte("GET / HTTP/1.1\r\nX: " + strings.Repeat("y", 100))); c.scanning || c.head != nil {
 		t.Errorf("conn keeps reading a header block beyond maxHeader: scanning %v, %d bytes kept", c.scanning, len(c.head))
 	}
@@ -321,7 +321,7 @@ func TestShutdownAdmitsShapedRequestsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newListener(tcp, s.MaxHeaderBytes, a.accepted, serverTimeouts)
+	l := a.listener(tcp, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	served := make(chan error, 1)

@@ -2,7 +2,6 @@ package guard
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -18,10 +17,10 @@ func policy(t *testing.T, name string, limit int64) *algo.Policy {
 	return p
 }
 
-// TestLearntPolicyIsDivided: a policy the guard was not given (a limit
+// TestPolicyNotGivenIsDivided: a policy the guard was not given (a limit
 // Envoy sends with a descriptor) is divided by the local divisor when the
 // local store decides, continuing from what the store admitted.
-func TestLearntPolicyIsDivided(t *testing.T) {
+func TestPolicyNotGivenIsDivided(t *testing.T) {
 	f := newFixture(t, FailLocal)
 	f.p = policy(t, "later", 8) // local: 8/2 = 4
 	for i := 0; i < 2; i++ {
@@ -37,18 +36,18 @@ func TestLearntPolicyIsDivided(t *testing.T) {
 		}
 	}
 	if got != 2 {
-		t.Errorf("the local store admitted %d of a learnt 8/hour divided by 2 after the store admitted 2, want 2", got)
+		t.Errorf("the local store admitted %d of an 8/hour not given divided by 2 after the store admitted 2, want 2", got)
 	}
-	// A policy rebuilt alike is the same policy to the guard.
+	// A policy rebuilt alike is the same policy to the stores.
 	f.p = policy(t, "later", 8)
 	if _, ok, err := f.decide(t, "a"); err != nil || ok {
-		t.Errorf("the learnt policy rebuilt: %v %v, want denied by the local store", ok, err)
+		t.Errorf("the policy rebuilt: %v %v, want denied by the local store", ok, err)
 	}
 }
 
-// TestLearntPoliciesHaveTheirOwnDenials: the deny cache keeps a learnt
-// policy's denials apart from every other policy's, given or learnt.
-func TestLearntPoliciesHaveTheirOwnDenials(t *testing.T) {
+// TestPoliciesNotGivenShareNoDenials: a denial of a policy the guard was
+// not given denies no other policy's request for the same key.
+func TestPoliciesNotGivenShareNoDenials(t *testing.T) {
 	f := newFixture(t, FailClosed)
 	one, five := policy(t, "one", 1), policy(t, "five", 5)
 	decide := func(p *algo.Policy) (bool, error) {
@@ -60,32 +59,10 @@ func TestLearntPoliciesHaveTheirOwnDenials(t *testing.T) {
 			t.Fatalf("one/hour, request %d: %v %v, want %v", i+1, ok, err, want)
 		}
 	}
-	if hits := f.metric(t, "authlimit_deny_cache_hits_total"); hits != 1 {
-		t.Fatalf("deny cache hits = %v, want 1", hits)
-	}
 	for _, p := range []*algo.Policy{five, f.p} {
 		if ok, err := decide(p); err != nil || !ok {
 			t.Errorf("%s for the key another policy denied: %v %v, want admitted", p.Name(), ok, err)
 		}
-	}
-}
-
-// TestLearntIsBounded: the guard keeps at most maxLearnt policies, and a
-// policy learnt again after they were forgotten gets a new id.
-func TestLearntIsBounded(t *testing.T) {
-	f := newFixture(t, FailLocal)
-	first := f.g.id(policy(t, "p0", 5))
-	for i := 1; i <= maxLearnt; i++ {
-		f.g.id(policy(t, fmt.Sprintf("p%d", i), 5))
-	}
-	if n := len(f.g.learnt.m); n > maxLearnt {
-		t.Fatalf("%d policies learnt, want at most %d", n, maxLearnt)
-	}
-	if again := f.g.id(policy(t, "p0", 5)); again == first {
-		t.Errorf("a policy learnt again has its old id %d", again)
-	}
-	if id := f.g.id(f.p); id != 0 {
-		t.Errorf("the given policy's id = %d, want 0", id)
 	}
 }
 

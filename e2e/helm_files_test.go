@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// These tests check the Helm chart against the rest of the repository
+// without helm; helm_test.go (make e2e) renders it.
+
+// TestHelmEnvNamesAreAuthlimits: the schema's env names and the chart's
+// own variables are exactly README's configuration table: nothing the
+// binary does not know (which would stop it), nothing left out.
+func TestHelmEnvNamesAreAuthlimits(t *testing.T) {
+	var schema struct {
+		Properties struct {
+			Env struct {
+				PropertyNames struct {
+					Enum []string `json:"enum"`
+				} `json:"propertyNames"`
+			} `json:"env"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(readRepo(t, helmChart+"/values.schema.json"), &schema); err != nil {
+		t.Fatal(err)
+	}
+	offered := map[string]string{}
+	for _, n := range schema.Properties.Env.PropertyNames.Enum {
+		offered[n] = "values.env"
+	}
+	// Set by the chart's templates; AUTHLIMIT_RULES is left out for good:
+	// the rules come from the file.
+	for _, n := range []string{"AUTHLIMIT_LISTEN", "AUTHLIMIT_RULES_FILE", "AUTHLIMIT_REDIS_URL", "AUTHLIMIT_REDIS_SENTINEL_PASSWORD", "AUTHLIMIT_LOCAL_DIVISOR", "AUTHLIMIT_GRPC_LISTEN", "AUTHLIMIT_RULES"} {
+		if offered[n] != "" {
+			t.Errorf("values.env offers %s, which the chart sets itself", n)
+		}
+		offered[n] = "the chart"
+	}
+	documented := readmeEnvVariables(t)
+	var problems []string
+	for n, by := range offered {
+		if !documented[n] && n != "AUTHLIMIT_GRPC_LISTEN" {
+			problems = append(problems, fmt.Sprintf("%s (set by %s) is not in README's configuration table: authlimit would stop at start", n, by))
+		}
+	}
+	for n := range documented {
+		if offered[n] == "" {
+			problems = append(problems, n+" is in README's table, but the chart offers no way to set it (add it to values.schema.json's env names)")
+		}
+	}
+	sort.Strings(problems)
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// readmeEnvVariables lists the variables of README's configuration table.
+func readmeEnvVariables(t *testing.T) map[string]bool {
+	t.Helper()
+	vars := map[string]bool{}
+	for _, line := range strings.Split(string(readRepo(t, "README.md")), "\n") {
+		if !strings.HasPrefix(line, "| `AUTHLIMIT_") {
+			continue
+		}
+		first := strings.Split(line, " | ")[0]
+		for _, part := range strings.Split(first, "`") {
+			if strings.HasPrefix(part, "AUTHLIMIT_") {
+				vars[part] = true
+			}
+		}
+	}
+	if len(vars) < 10 {
+		t.Fatalf("README's configuration table has only %d variables", len(vars))
+	}
+	return vars
+}
+
+// TestHelmAlertsAreDeploys: the chart's files/alerts.yml is
+// deploy/prometheus/alerts.yml (a chart cannot read outside itself).
+func TestHelmAlertsAreDeploys(t *testing.T) {
+	if !bytes.Equal(readRepo(t, helmChart+"/files/alerts.yml"), readRepo(t, "deploy/prometheus/alerts.yml")) {
+		t.Error("deploy/helm/authlimit/files/alerts.yml differs from deploy/prometheus/alerts.yml: copy it over")
+	}
+}
+
+// helmChart is the chart, from the repository's root.
+const helmChart = "deploy/helm/authlimit"

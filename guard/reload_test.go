@@ -1,0 +1,93 @@
+package guard
+
+import (
+	"testing"
+
+	"github.com/authlimit/authlimit/algo"
+)
+
+// renewed returns f's policy rebuilt with another limit: the same name and
+// algorithm, as a reloaded rule set gives it.
+func (f *fixture) renewed(t *testing.T, limit int64) *algo.Policy {
+	t.Helper()
+	s := f.p.Spec()
+	s.Limit, s.Burst, s.Cost = limit, 0, 0
+	p, err := algo.NewPolicy(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestRegisterPoliciesCarriesTheFallbackOver: after new policies are set, the
+// local store decides the new limit divided, continuing from what the
+// store admitted under the old one.
+func TestRegisterPoliciesCarriesTheFallbackOver(t *testing.T) {
+	f := newFixture(t, FailLocal)
+	for i := 0; i < 4; i++ {
+		if _, ok, err := f.decide(t, "a"); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	if err := f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
+		t.Fatal(err)
+	}
+	f.p = f.renewed(t, 20) // another pointer again: identity, not pointer, counts
+	f.store.breakShard(1, errDown)
+	// Local limit 20/2 = 10; 4 already admitted by the store.
+	got := 0
+	for i := 0; i < 12; i++ {
+		if _, ok, err := f.decide(t, "a"); err == nil && ok {
+			got++
+		}
+	}
+	if got != 6 {
+		t.Errorf("the local fallback admitted %d after the store admitted 4 of its 10, want 6", got)
+	}
+}
+
+// TestRegisterPoliciesForgetsDenials: a denial the deny cache remembers was
+// decided under the previous limit; a raised limit admits at once.
+func TestRegisterPoliciesForgetsDenials(t *testing.T) {
+	f := newFixture(t, FailLocal)
+	for i := 0; i < 10; i++ {
+		f.decide(t, "b")
+	}
+	for i := 0; i < 2; i++ {
+		if _, ok, _ := f.decide(t, "b"); ok {
+			t.Fatal("the 11th request of a limit of 10 admitted")
+		}
+	}
+	if err := f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
+		t.Fatal(err)
+	}
+	f.p = f.renewed(t, 20)
+	res, ok, err := f.decide(t, "b")
+	if err != nil || !ok {
+		t.Fatalf("under a limit raised to 20, the 11th request: %+v %v %v (still denied from the deny cache?)", res, ok, err)
+	}
+	if got, want := res.Remaining, int64(9); got != want {
+		t.Errorf("Remaining = %d, want %d", got, want)
+	}
+}
+
+// TestRegisterPoliciesLocalShareFollows: once a policy's limit is raised
+// by RegisterPolicies, the local fallback admits this replica's share of
+// the new limit (20/2), charging each request twice its cost.
+func TestRegisterPoliciesLocalShareFollows(t *testing.T) {
+	f := newFixture(t, FailLocal)
+	if err := f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
+		t.Fatal(err)
+	}
+	f.p = f.renewed(t, 20)
+	f.store.breakShard(1, errDown)
+	got := 0
+	for i := 0; i < 15; i++ {
+		if _, ok, err := f.decide(t, "a"); err == nil && ok {
+			got++
+		}
+	}
+	if got != 10 {
+		t.Errorf("the local fallback admitted %d, want the new policy's share, 10", got)
+	}
+}
