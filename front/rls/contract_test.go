@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -9,6 +10,10 @@ import (
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/guard"
 )
 
 const (
@@ -601,4 +606,41 @@ func (e *env) counters(t *testing.T) map[string]float64 {
 		}
 	}
 	return got
+}
+
+// TestEngineShadow: with the engine's shadow setting (AUTHLIMIT_SHADOW),
+// every limit is decided and counted but denies nothing, a limit of 0
+// too.
+func TestEngineShadow(t *testing.T) {
+	cfg := parseConfig(t, `
+domain: sh
+descriptors:
+  - {key: one, rate_limit: {unit: hour, requests_per_unit: 1}}
+  - {key: none, rate_limit: {unit: hour, requests_per_unit: 0}}
+`)
+	m := algo.NewMemory(algo.MemoryOptions{})
+	t.Cleanup(func() { _ = m.Close() })
+	reg := prometheus.NewRegistry()
+	g, err := guard.New(guard.Options{Store: m, Policies: cfg.Policies(), Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(Options{Config: cfg, Engine: newEngine(t, g, reg, true), Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(ds ...*rlDesc) *pb.RateLimitResponse {
+		t.Helper()
+		r, err := svc.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "sh", Descriptors: ds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	check(t, "first", ask(desc("one", "x")), ok, st{ok, "1/hour", 0})
+	check(t, "over, in shadow", ask(desc("one", "x")), ok, st{ok, "1/hour", 0})
+	check(t, "a limit of 0, in shadow", ask(desc("one", "y"), desc("none", "x")), ok, st{ok, "1/hour", 0}, st{ok, "0/hour", 0})
+	if r := ask(desc("one", "x")); len(r.GetResponseHeadersToAdd()) != 0 {
+		t.Errorf("headers of shadow limits: %v", r.GetResponseHeadersToAdd())
+	}
 }
