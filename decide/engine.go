@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,6 +70,12 @@ type Engine struct {
 	metrics      *metrics
 	log          *slog.Logger
 	clock        func() time.Time
+
+	// kept are the policies of the limits fronts made with NewLimit:
+	// SetRules registers them with the rules' own, so that a new rule set
+	// leaves the fronts' policies known to the Decider.
+	mu   sync.Mutex
+	kept []*algo.Policy
 }
 
 // New validates opts and returns an Engine.
@@ -137,16 +144,20 @@ type PolicyRegistrar interface {
 // SetRules swaps the rule set whole: requests that have started finish
 // under the set they started with, later ones decide under rs. The
 // Decider must know rs's policies: a PolicyRegistrar learns them first,
-// and if it refuses them, the set in force stays.
+// with those of the limits made by NewLimit, and if it refuses them, the
+// set in force stays.
 func (e *Engine) SetRules(rs []*rules.Rule) error {
 	if err := checkRules(rs); err != nil {
 		return err
 	}
 	if r, ok := e.decider.(PolicyRegistrar); ok {
-		ps := make([]*algo.Policy, len(rs))
+		e.mu.Lock()
+		ps := make([]*algo.Policy, len(rs), len(rs)+len(e.kept))
 		for i, x := range rs {
 			ps[i] = x.Policy
 		}
+		ps = append(ps, e.kept...)
+		e.mu.Unlock()
 		if err := r.RegisterPolicies(ps); err != nil {
 			return fmt.Errorf("decide: register the rules' policies: %w", err)
 		}
@@ -267,16 +278,22 @@ type LimitRequest struct {
 }
 
 // NewLimit returns a Limit of p under name (bounded: it labels metrics),
-// for DecideLimits. The Decider must know p, as it knows the rules'
-// policies.
+// for DecideLimits, such as a configured limit of Envoy's rate limit
+// service, made once at start. The Decider must know p, as it knows the
+// rules' policies; SetRules keeps it registered with a PolicyRegistrar
+// for the Engine's life.
 func (e *Engine) NewLimit(name string, p *algo.Policy) *Limit {
+	e.mu.Lock()
+	e.kept = append(e.kept, p)
+	e.mu.Unlock()
 	return newLimit(name, name, p, e.metrics)
 }
 
-// NewLimitCountedAs is NewLimit for a limit whose metrics count under
-// label rather than its name: limits made on demand, such as the limits
-// Envoy sends with a descriptor, share one label, so that the metrics
-// stay bounded while the headers name each.
+// NewLimitCountedAs returns a limit made on demand, such as one Envoy
+// sends with a descriptor: its metrics count under label rather than its
+// name, so that such limits share one and the metrics stay bounded while
+// the headers name each. It is not registered with the Decider, which
+// decides it all the same (a guard.Guard, without its deny cache).
 func (e *Engine) NewLimitCountedAs(name, label string, p *algo.Policy) *Limit {
 	return newLimit(name, label, p, e.metrics)
 }

@@ -366,6 +366,20 @@ func TestSetRulesRegistersPolicies(t *testing.T) {
 	if len(reg.learnt) != 1 || len(reg.learnt[0]) != 2 || reg.learnt[0][0] != sets[1][0].Policy || reg.learnt[0][1] != sets[1][1].Policy {
 		t.Errorf("learnt %v, want the new set's two policies", reg.learnt)
 	}
+	// A front's limit stays registered through later swaps; one made on
+	// demand is not registered.
+	front, err := algo.NewPolicy(algo.Spec{Name: "front", Algorithm: algo.FixedWindow, Limit: 3, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.NewLimit("front", front)
+	e.NewLimitCountedAs("on-demand", "override", sets[0][0].Policy)
+	if err := e.SetRules(sets[1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := reg.learnt[len(reg.learnt)-1]; len(got) != 3 || got[2] != front {
+		t.Errorf("learnt %v, want the set's two policies and the front's", got)
+	}
 	reg.refuse = errors.New("full")
 	if err := e.SetRules(sets[0]); err == nil || !strings.Contains(err.Error(), "full") {
 		t.Errorf("SetRules with a refusing registrar: %v", err)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/authlimit/authlimit/internal/redistest"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // buildBinary builds authlimit into a temporary directory.
@@ -304,4 +306,50 @@ func (f fronts) ask(value string, rpu uint32) (*pb.RateLimitResponse, error) {
 		f.t.Fatalf("ShouldRateLimit: %d statuses for one descriptor", len(r.GetStatuses()))
 	}
 	return r, err
+}
+
+// TestRulesSwapKeepsTheRLSLimitsKnown: a new rule set (a reload of
+// AUTHLIMIT_RULES_FILE) leaves the rate-limit service's limits known to
+// the guard: its deny cache still answers their denials, whose other
+// descriptors are then reported not decided.
+func TestRulesSwapKeepsTheRLSLimitsKnown(t *testing.T) {
+	cfg := writeFile(t, "rls.yaml", `
+domain: d
+descriptors:
+  - {key: one, rate_limit: {unit: hour, requests_per_unit: 1}}
+  - {key: many, rate_limit: {unit: hour, requests_per_unit: 100}}
+`)
+	s, err := loadConfig(map[string]string{"AUTHLIMIT_RULES": "name=r limit=4/1m", "AUTHLIMIT_RLS_CONFIG": cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := newApp(context.Background(), s, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.close)
+	rs, err := rules.Parse("name=r2 limit=5/1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.engine.SetRules(rs); err != nil {
+		t.Fatal(err)
+	}
+	req := &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlpb.RateLimitDescriptor{
+		{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "many", Value: "x"}}},
+		{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "one", Value: "x"}}},
+	}}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		r, err := a.rls.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GetOverallCode() == pb.RateLimitResponse_OVER_LIMIT && r.Statuses[0].GetCurrentLimit() == nil {
+			return // the deny cache answered
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a rules swap, the deny cache never answered a rate-limit service denial: %v", r)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
