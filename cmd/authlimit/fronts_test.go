@@ -319,15 +319,7 @@ descriptors:
   - {key: one, rate_limit: {unit: hour, requests_per_unit: 1}}
   - {key: many, rate_limit: {unit: hour, requests_per_unit: 100}}
 `)
-	s, err := loadConfig(map[string]string{"AUTHLIMIT_RULES": "name=r limit=4/1m", "AUTHLIMIT_RLS_CONFIG": cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := newApp(context.Background(), s, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.close)
+	a, _ := newTestApp(t, map[string]string{"AUTHLIMIT_RULES": "name=r limit=4/1m", "AUTHLIMIT_RLS_CONFIG": cfg})
 	rs, err := rules.Parse("name=r2 limit=5/1m")
 	if err != nil {
 		t.Fatal(err)
@@ -352,4 +344,20 @@ descriptors:
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// newTestApp builds the app of the environment in this process, closed
+// at the end of the test.
+func newTestApp(t *testing.T, environ map[string]string) (*app, *settings) {
+	t.Helper()
+	s, err := loadConfig(environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := newApp(context.Background(), s, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.close)
+	return a, s
 }
