@@ -41,7 +41,8 @@ e2e:
 	$(GO) test -tags e2e -count=1 -timeout 30m -v ./e2e/...
 
 # bench builds authlimit and the harness in bench/, runs every system under
-# every workload (3 rounds, systems alternated; about 15 minutes), measures
+# every workload at 1, 4, 16, 50 and 500 connections (3 rounds, systems
+# alternated; about 45 minutes), measures
 # Redis memory per key, runs the Go micro-benchmarks (go test -bench) and
 # writes bench/RESULTS.md. BENCHFLAGS passes flags (bin/bench -help), e.g. a
 # quick check: make bench BENCHFLAGS='-rounds 1 -duration 1s -warmup 200ms

@@ -9,9 +9,10 @@ import (
 )
 
 // goRedisAllocs is what go-redis allocates per call on this path: the
-// command object, and three in its health check of the pooled connection
-// (net.RawConn and the closure that peeks at the socket).
-const goRedisAllocs = 4
+// command object, three in its health check of the pooled connection
+// (net.RawConn and the closure that peeks at the socket), and the
+// io.LimitReader through which it copies decide.lua's reply, one string.
+const goRedisAllocs = 5
 
 // clusterBatchAllocs is what a cluster batch adds: context.WithDeadline
 // (its context, timer and channel), which a dial to a primary that just

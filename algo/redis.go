@@ -19,9 +19,12 @@ import (
 // Redis is the Redis store. Concurrent decisions share the wire: each
 // Decide queues its request; up to Conns batches are on the wire at once,
 // each carrying whatever was queued when it left, in one call of
-// scripts/decide.lua. The caller that finds a connection free sends the
-// batch itself (its own request and any others queued), so at low load a
-// request goes out at once, alone, with no hand-off between goroutines; at
+// scripts/decide.lua. A caller that finds nothing queued and a connection
+// free skips the queue and its timer: it sends its request (with whatever
+// was queued meanwhile) and reads the reply on its own goroutine, so at low
+// load a request goes out at once, alone, with no hand-off between
+// goroutines. A caller that finds a connection free behind a queue sends
+// the batch itself, its own request among the others; at
 // high load one write and one read carry many requests, and Redis runs one
 // script for all of them, each request still decided all or nothing,
 // atomically, since Redis runs a script without interleaving other
@@ -258,7 +261,7 @@ func (r *Redis) probeDecision(ctx context.Context) error {
 	if err := r.evalRaw(ctx, w); err != nil {
 		return fmt.Errorf("probe decision: %w", err)
 	}
-	return r.parseReply(w.ints, w.parts, false)
+	return r.parseReply(w.body, w.parts, false)
 }
 
 // Ping reports whether Redis answers (every primary, for a cluster).
@@ -356,14 +359,26 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 		wait = time.Until(d)
 	}
 	c.deadline = time.Now().Add(wait)
-	c.timer.Reset(wait)
 	select {
 	case <-r.stop:
-		c.timer.Stop()
 		r.calls.Put(c)
 		return false, errClosed
 	default:
 	}
+	if len(r.queue) == 0 {
+		select {
+		case w := <-r.slots:
+			// Nothing waits and a connection is free: this goroutine
+			// sends and reads itself, with no queue, no timer and no
+			// other goroutine woken. The connection's deadline is the
+			// budget (ctx's deadline included; a ctx cancelled without
+			// one is seen when the reply is back).
+			r.alone(w, c)
+			return r.finish(c, reqs, res)
+		default:
+		}
+	}
+	c.timer.Reset(wait)
 	select {
 	case r.queue <- c:
 	default:
@@ -388,6 +403,12 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 		}
 		<-c.done
 	}
+	return r.finish(c, reqs, res)
+}
+
+// finish hands a done call's outcome to its caller, applies its refunds
+// (cluster), and puts it back in the pool.
+func (r *Redis) finish(c *call, reqs []Request, res []Result) (bool, error) {
 	defer r.calls.Put(c)
 	if len(c.lost) > 0 {
 		r.refundNow(c.lost)

@@ -48,12 +48,15 @@ const (
 
 // part is the requests of one call that share a cluster slot, encoded as
 // decide.lua reads a request: [B] count, [d] request id, then per rule [H]
-// policy id, [B] shadow, [d] cost, [H] key length and the key.
+// policy id, [B] shadow, [d] cost, [H] key length and the key. The policy
+// ids are the store's; appendBatch writes over them, in its copy, their
+// places in the batch's policy table.
 type part struct {
 	c     *call
 	buf   []byte
 	idx   []uint8  // which of the call's requests, in order
 	ids   []uint16 // their policy ids
+	idAt  []int    // where their policy ids are in buf
 	costs []int64  // their costs
 	keyAt []int    // where their storage keys are in buf, start and end (cluster)
 	slot  uint16
@@ -88,6 +91,7 @@ func (r *Redis) encode(ctx context.Context, c *call, reqs []Request) error {
 		p.ids = append(p.ids, id)
 		p.costs = append(p.costs, q.EffectiveCost())
 		p.buf[0]++
+		p.idAt = append(p.idAt, len(p.buf))
 		p.buf = binary.LittleEndian.AppendUint16(p.buf, id)
 		shadow := byte(0)
 		if q.Shadow {
@@ -135,7 +139,7 @@ func (r *Redis) partFor(c *call, key []byte) *part {
 	c.parts, p = extend(c.parts)
 	p.c = c
 	p.buf = binary.LittleEndian.AppendUint64(append(p.buf[:0], 0), math.Float64bits(c.id))
-	p.idx, p.ids, p.costs, p.keyAt, p.slot, p.admitted, p.err = p.idx[:0], p.ids[:0], p.costs[:0], p.keyAt[:0], s, false, nil
+	p.idx, p.ids, p.idAt, p.costs, p.keyAt, p.slot, p.admitted, p.err = p.idx[:0], p.ids[:0], p.idAt[:0], p.costs[:0], p.keyAt[:0], s, false, nil
 	return p
 }
 
@@ -172,8 +176,9 @@ type worker struct {
 	parts    []*part
 	blob     []byte
 	reply    bytes.Buffer
-	ints     []int64
+	body     []byte   // decide.lua's reply, in reply
 	seen     []uint32 // per policy id: the batch that last listed it
+	place    []uint16 // per policy id: its place in that batch's table
 	gen      uint32
 	cluster  clusterWork
 }
@@ -202,6 +207,18 @@ func (r *Redis) lead(due time.Time) {
 	}
 	r.slots <- w
 	r.handOn()
+}
+
+// alone sends c, with whatever was queued meanwhile, on w's connection,
+// by the caller's own goroutine, and frees the connection. c is done when
+// it returns.
+func (r *Redis) alone(w *worker, c *call) {
+	w.batch = append(w.batch[:0], c)
+	r.gatherMore(w)
+	r.run(w, c.deadline)
+	r.slots <- w
+	r.handOn()
+	<-c.done // run completed c: it is in no one else's hands
 }
 
 // handOn wakes the relay if calls are queued. Whoever frees a connection
@@ -247,6 +264,11 @@ func (r *Redis) relay() {
 // never waits for more to come.
 func (r *Redis) gather(w *worker) {
 	w.batch = w.batch[:0]
+	r.gatherMore(w)
+}
+
+// gatherMore is gather after what w.batch already holds.
+func (r *Redis) gatherMore(w *worker) {
 	for len(w.batch) < r.batch {
 		select {
 		case c := <-r.queue:
@@ -300,7 +322,7 @@ func (r *Redis) run(w *worker, due time.Time) {
 	w.blob = r.appendBatch(w.blob[:0], w, 0)
 	err := r.evalRaw(ctx, w)
 	if err == nil {
-		err = r.parseReply(w.ints, w.parts, false)
+		err = r.parseReply(w.body, w.parts, false)
 	}
 	err = classify(err)
 	for _, c := range live {
@@ -347,8 +369,9 @@ func classify(err error) error {
 
 // evalRaw runs decide.lua with w.blob on a standalone or Sentinel client,
 // by its digest, falling back to its source if Redis lost its script cache
-// (a restart or a failover), and reads the reply into w.ints: the raw reply
-// goes into a buffer the worker reuses, so a batch allocates little.
+// (a restart or a failover), and points w.body at the script's reply: the
+// raw reply goes into a buffer the worker reuses, so a batch allocates
+// little.
 func (r *Redis) evalRaw(ctx context.Context, w *worker) error {
 	w.args = [4]any{"evalsha", r.decideSHAArg, 0, w}
 	for try := 0; try < 2; try++ {
@@ -368,29 +391,22 @@ func (r *Redis) evalRaw(ctx context.Context, w *worker) error {
 			return errors.New(msg)
 		}
 		var err error
-		w.ints, err = appendInts(w.ints[:0], b)
+		w.body, err = bulk(b)
 		return err
 	}
 	return errors.New("NOSCRIPT after loading the script")
 }
 
-// appendInts appends the integers of a RESP array of integers.
-func appendInts(dst []int64, b []byte) ([]int64, error) {
-	n, b, err := respLine(b, '*')
+// bulk returns the payload of a RESP bulk string, all of b.
+func bulk(b []byte) ([]byte, error) {
+	n, rest, err := respLine(b, '$')
 	if err != nil {
-		return dst, err
+		return nil, err
 	}
-	for i := int64(0); i < n; i++ {
-		var v int64
-		if v, b, err = respLine(b, ':'); err != nil {
-			return dst, err
-		}
-		dst = append(dst, v)
+	if n < 0 || int64(len(rest)) != n+2 || !bytes.HasSuffix(rest, crlf) {
+		return nil, fmt.Errorf("reply is not one string of %d bytes: %.40q", n, b)
 	}
-	if len(b) != 0 {
-		return dst, fmt.Errorf("reply has %d bytes too many", len(b))
-	}
-	return dst, nil
+	return rest[:n], nil
 }
 
 // respLine reads one RESP line of the given type holding an integer.
@@ -438,23 +454,38 @@ func (r *Redis) appendBatch(dst []byte, w *worker, flags byte) []byte {
 		for _, id := range p.ids {
 			for int(id) >= len(w.seen) {
 				w.seen = append(w.seen, 0)
+				w.place = append(w.place, 0)
 			}
 			if w.seen[id] == w.gen {
 				continue
 			}
-			w.seen[id] = w.gen
+			w.seen[id], w.place[id] = w.gen, uint16(npol)
 			npol++
-			dst = r.policy(id).appendParams(dst, id)
+			dst = r.policy(id).appendDecideParams(dst)
 		}
 	}
 	binary.LittleEndian.PutUint16(dst[npolAt:], uint16(npol))
 	for _, p := range w.parts {
+		at := len(dst)
 		dst = append(dst, p.buf...)
+		for j, id := range p.ids {
+			binary.LittleEndian.PutUint16(dst[at+p.idAt[j]:], w.place[id])
+		}
 	}
 	return dst
 }
 
-// appendParams appends the policy's entry of a script's policy table.
+// appendDecideParams appends the policy's entry of decide.lua's policy
+// table.
+func (p *Policy) appendDecideParams(dst []byte) []byte {
+	dst = append(dst, byte(p.spec.Algorithm))
+	for _, v := range [...]int64{p.spec.Limit, p.window, p.spec.Burst, p.delay, p.maxCost} {
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
+	}
+	return dst
+}
+
+// appendParams appends the policy's entry of refund.lua's policy table.
 func (p *Policy) appendParams(dst []byte, id uint16) []byte {
 	dst = binary.LittleEndian.AppendUint16(dst, id)
 	dst = append(dst, byte(p.spec.Algorithm))
@@ -464,45 +495,55 @@ func (p *Policy) appendParams(dst []byte, id uint16) []byte {
 	return dst
 }
 
-// parseReply reads decide.lua's reply, as integers, into the parts' calls'
-// results.
-func (r *Redis) parseReply(v []int64, parts []*part, tokens bool) error {
-	per := 6
+// The sizes of a rule's answer in decide.lua's reply: allowed and reason,
+// then four numbers, and a refund token if asked for.
+const (
+	ruleReply      = 2 + 4*8
+	ruleReplyToken = ruleReply + 8
+)
+
+// parseReply reads decide.lua's reply into the parts' calls' results.
+func (r *Redis) parseReply(b []byte, parts []*part, tokens bool) error {
+	per := ruleReply
 	if tokens {
-		per++
+		per = ruleReplyToken
+	}
+	num := func(b []byte, i int) int64 {
+		// Towards zero, as Redis casts a Lua number to an integer.
+		return int64(math.Float64frombits(binary.LittleEndian.Uint64(b[2+8*i:])))
 	}
 	for _, p := range parts {
-		if len(v) < 1+per*len(p.idx) {
+		if len(b) < 1+per*len(p.ids) {
 			return errors.New("reply is short")
 		}
-		p.admitted = v[0] == 1
-		v = v[1:]
+		p.admitted = b[0] == 1
+		b = b[1:]
 		for j, id := range p.ids {
 			c := &r.policy(id).spec
 			res := Result{
-				Allowed:    v[0] == 1,
-				Reason:     Reason(v[1]),
+				Allowed:    b[0] == 1,
+				Reason:     Reason(b[1]),
 				Limit:      c.Burst,
-				Remaining:  v[2],
-				ResetAfter: micros(v[3]),
-				RetryAfter: micros(v[4]),
-				Delay:      micros(v[5]),
+				Remaining:  num(b, 0),
+				ResetAfter: micros(num(b, 1)),
+				RetryAfter: micros(num(b, 2)),
+				Delay:      micros(num(b, 3)),
 			}
 			if !c.Algorithm.UsesBurst() {
 				res.Limit = c.Limit
 			}
-			if v[1] < 0 || res.Reason > ReasonCostTooHigh {
-				return fmt.Errorf("reply has unknown reason %d", v[1])
+			if res.Reason > ReasonCostTooHigh {
+				return fmt.Errorf("reply has unknown reason %d", b[1])
 			}
 			if tokens {
-				p.tokens[j] = float64(v[6])
+				p.tokens[j] = float64(num(b, 4))
 			}
 			p.c.res[p.idx[j]] = res
-			v = v[per:]
+			b = b[per:]
 		}
 	}
-	if len(v) != 0 {
-		return fmt.Errorf("reply has %d values too many", len(v))
+	if len(b) != 0 {
+		return fmt.Errorf("reply has %d bytes too many", len(b))
 	}
 	return nil
 }

@@ -92,7 +92,7 @@ func (cw *clusterWork) reset() {
 		clear(sc.keys)
 		clear(sc.args)
 		sc.reply.Reset()
-		*sc = slotCall{parts: sc.parts[:0], keys: sc.keys[:0], blob: sc.blob, args: sc.args[:0], reply: sc.reply, ints: sc.ints}
+		*sc = slotCall{parts: sc.parts[:0], keys: sc.keys[:0], blob: sc.blob, args: sc.args[:0], reply: sc.reply}
 	}
 	cw.calls = cw.calls[:0]
 	for i := range cw.byShard {
@@ -227,8 +227,9 @@ func (r *Redis) split(sc *slotCall) []*slotCall {
 func (r *Redis) settle(sc *slotCall) {
 	err := sc.err
 	if err == nil {
-		if sc.ints, err = appendInts(sc.ints[:0], sc.reply.Bytes()); err == nil {
-			err = r.parseReply(sc.ints, sc.parts, true)
+		var body []byte
+		if body, err = bulk(sc.reply.Bytes()); err == nil {
+			err = r.parseReply(body, sc.parts, true)
 		}
 	}
 	if err != nil {

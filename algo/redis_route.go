@@ -24,7 +24,6 @@ type slotCall struct {
 	args      []any        // the command: the script, its keys and blob
 	reply     bytes.Buffer // the last attempt's reply, as Redis wrote it
 	last      error        // the last attempt's error, an error reply included
-	ints      []int64      // the reply's integers (decide.lua)
 	err       error        // set when settled: nil if reply holds the script's reply
 }
 

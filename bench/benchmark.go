@@ -37,6 +37,7 @@ func benchmark(ctx context.Context, o *options, stdout, stderr io.Writer) error 
 		return fmt.Errorf("redis-server: %w (apt-get install redis-server)", err)
 	}
 	systems, notes := selectSystems(o)
+	systems, notes = prepareRatelimit(ctx, o, systems, notes, stderr)
 	for _, n := range notes {
 		fmt.Fprintln(stderr, "note:", n)
 	}

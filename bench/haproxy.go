@@ -45,7 +45,7 @@ func startHAProxyAlone(ctx context.Context, e *runEnv) (*instance, error) {
 // X-Forwarded-For and runs one thread, so that the ratio to haproxy alone
 // measures what the rate limit costs and nothing else.
 func startHAProxyAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
-	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false))
+	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false, ""))
 	if err != nil {
 		return nil, err
 	}

@@ -46,6 +46,9 @@ type loadResult struct {
 	transport  uint64 // failed dials, writes, reads and malformed responses
 	reconnects uint64 // connections the server closed with Connection: close
 	hist       histogram
+	// failed counts the gRPC load's failed calls and answers that are
+	// neither decision, by kind.
+	failed map[string]uint64
 }
 
 // decisions is the number of answers counted as decided (allowed or denied).
@@ -55,6 +58,9 @@ func (r *loadResult) decisions() uint64 { return r.allowed + r.denied }
 func (r *loadResult) errors() uint64 {
 	n := r.transport
 	for _, c := range r.badStatus {
+		n += c
+	}
+	for _, c := range r.failed {
 		n += c
 	}
 	return n
@@ -73,6 +79,14 @@ func (r *loadResult) errorDetail() string {
 	sort.Ints(codes)
 	for _, c := range codes {
 		parts = append(parts, fmt.Sprintf("status %d: %d", c, r.badStatus[c]))
+	}
+	kinds := make([]string, 0, len(r.failed))
+	for k := range r.failed {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s: %d", k, r.failed[k]))
 	}
 	return strings.Join(parts, ", ")
 }

@@ -3,9 +3,11 @@
 // It starts every system (a null HTTP server, a naive Redis limiter,
 // authlimit on its embedded store and on Redis, nginx alone, with
 // limit_req, with Lua talking to Redis and in front of authlimit, and
-// HAProxy alone and in front of authlimit) as
-// separate processes on loopback ports, drives each with its own closed-loop
-// HTTP/1.1 load generator under every workload, alternating the systems
+// HAProxy alone and in front of authlimit; over gRPC, a null gRPC server,
+// envoyproxy/ratelimit and authlimit answering ShouldRateLimit, and
+// authlimit answering Check) as separate processes on loopback ports,
+// drives each with its own closed-loop HTTP/1.1 or gRPC load generator
+// under every workload, alternating the systems
 // over several rounds, measures Redis memory per key for each algorithm,
 // runs the Go micro-benchmarks and writes the medians to bench/RESULTS.md.
 //
@@ -13,6 +15,8 @@
 //	bench serve-null  -listen ADDR answer 200 with an empty body
 //	bench serve-naive -listen ADDR -redis ADDR -limit N -window D
 //	                               one EVALSHA (INCR, PEXPIRE) per request
+//	bench serve-grpc-null -listen ADDR
+//	                               answer ShouldRateLimit OK and Check OK
 package main
 
 import (
@@ -44,6 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return serveNull(ctx, args[1:], stderr)
 		case "serve-naive":
 			return serveNaive(ctx, args[1:], stderr)
+		case "serve-grpc-null":
+			return serveGRPCNull(ctx, args[1:], stderr)
 		}
 	}
 	opts, err := parseOptions(args, stderr)

@@ -159,7 +159,7 @@ func startNginxLuaRedis(ctx context.Context, e *runEnv) (*instance, error) {
 // proxying to a backend, as the other nginx systems do, so that the ratio to
 // nginx alone measures what the rate limit costs and nothing else.
 func startNginxAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
-	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false), "AUTHLIMIT_DENY_STATUS=403")
+	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false, ""), "AUTHLIMIT_DENY_STATUS=403")
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +221,7 @@ func startNginxAuth(ctx context.Context, e *runEnv, auth *proc, authAddr string)
 // nginx-authlimit-redis, the protected location serves the static file
 // itself.
 func startOpenRestyAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
-	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false))
+	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false, ""))
 	if err != nil {
 		return nil, err
 	}

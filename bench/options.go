@@ -38,6 +38,7 @@ type options struct {
 	micro      bool          // run the Go micro-benchmarks
 	benchtime  string        // go test -benchtime, empty for its default
 	goBin      string        // go command for the micro-benchmarks
+	ratelimit  string        // envoyproxy/ratelimit binary; empty: the cached build
 	goVersion  string        // filled in by the run: `go version`
 	selfBinary string        // this program, for the serve-* subcommands
 	args       []string      // the command line, for the results
@@ -52,7 +53,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; every system runs once per workload in each, and the median is reported")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured window of each run")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured load before each window")
-	conns := fs.String("conns", "50,500", "connection counts, comma-separated")
+	conns := fs.String("conns", "1,4,16,50,500", "connection counts, comma-separated")
 	workloads := fs.String("workloads", "ips,hot", "workloads, comma-separated: ips (distinct client IPs, admitted), hot (one client far over its limit)")
 	systems := fs.String("systems", strings.Join(systemNames(), ","), "systems, comma-separated")
 	fs.IntVar(&o.ips, "ips", 10000, "distinct client IPs of the ips workload and of the memory measurement")
@@ -68,6 +69,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks (go test -bench)")
 	fs.StringVar(&o.benchtime, "benchtime", "", "go test -benchtime for the micro-benchmarks (default: go's)")
 	fs.StringVar(&o.goBin, "go", "go", "go command for the micro-benchmarks")
+	fs.StringVar(&o.ratelimit, "ratelimit", "", "envoyproxy/ratelimit binary for envoy-ratelimit (default: built once with go install into the user cache directory)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -122,7 +124,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	// Processes start in their run's directory: paths must not be
 	// relative to this one.
-	for _, path := range []*string{&o.authlimit, &o.nginx, &o.redis, &o.nginxConf, &o.restyConf, &o.restyLua, &o.haproxy, &o.haproxyCfg, &o.goBin} {
+	for _, path := range []*string{&o.authlimit, &o.nginx, &o.redis, &o.nginxConf, &o.restyConf, &o.restyLua, &o.haproxy, &o.haproxyCfg, &o.goBin, &o.ratelimit} {
 		if strings.Contains(*path, "/") {
 			abs, err := filepath.Abs(*path)
 			if err != nil {

@@ -198,21 +198,24 @@ func (r *report) renderSystems(p func(string, ...any)) {
 	p("`hot` is one client (%s) far over its limit (nearly all denied). Every request carries the client in `X-Forwarded-For`; ", hotIP())
 	p("authlimit trusts only 127.0.0.1 (`AUTHLIMIT_TRUSTED_PROXIES=127.0.0.1/32`), nginx reads it with the realip module, HAProxy with `http-request set-src`.\n\n")
 	p("| limit | `ips` | `hot` |\n|---|---|---|\n")
-	p("| authlimit, 1 rule | `%s` | `%s` |\n", rulesFor("ips", false), rulesFor("hot", false))
-	p("| authlimit, 3 rules | `%s` | `%s` |\n", rulesFor("ips", true), rulesFor("hot", true))
+	p("| authlimit, 1 rule | `%s` | `%s` |\n", rulesFor("ips", false, ""), rulesFor("hot", false, ""))
+	p("| authlimit, 3 rules | `%s` | `%s` |\n", rulesFor("ips", true, ""), rulesFor("hot", true, ""))
+	p("| authlimit, 1 rule fixed_window | `%s` | `%s` |\n", rulesFor("ips", false, "fixed_window"), rulesFor("hot", false, "fixed_window"))
 	ips, hot := limitFor("ips"), limitFor("hot")
 	p("| naive, nginx-lua-redis | %d per %dms | %d per %dms |\n", ips.n, ips.ms, hot.n, hot.ms)
-	p("| nginx-limit_req | rate=100r/s burst=200 nodelay | the same |\n\n")
+	p("| nginx-limit_req | rate=100r/s burst=200 nodelay | the same |\n")
+	p("| envoy-ratelimit, authlimit-rls (one YAML file: domain `%s`, descriptor `%s` = the client) | %s | %s |\n\n", rlsDomain, rlsKey, rlsLimitText("ips"), rlsLimitText("hot"))
 }
 
 func (r *report) renderReading(p func(string, ...any)) {
 	p("## How to read\n\n")
 	p("- **decisions/s**: answers that were 200 or the denial (429) per second of the measured window; through nginx or HAProxy, requests per second.\n")
+	p("- **gRPC systems** (grpc-null, envoy-ratelimit, authlimit-rls, authlimit-check) are driven by a gRPC load generator in the harness, closed loop like the HTTP one: N connections are N HTTP/2 connections (as N gRPC client connections would be) with one unary call in flight each, calls prebuilt as HTTP/2 frames and answers read without a general gRPC client, so that the client's share of the cores stays near the HTTP load's. A decision is `OK` or `OVER_LIMIT` (`ShouldRateLimit`), an `ok_response` or a 429 `denied_response` (`Check`); failed calls and other answers are errors. The client is the descriptor's `%s` value (`ShouldRateLimit`) or the source address (`Check`), as Envoy sends them. Latency is from the call to its reply.\n", rlsKey)
 	p("- **× null**: decisions/s divided by `null`'s in the same table. The load generator runs in the harness on the same cores as the systems, taking its share from each alike: compare systems by these ratios, not by absolute numbers.\n")
 	p("- **p50, p99, p99.9**: latency seen by the client, from writing the request to reading the last byte of the answer (log-linear histogram, under 2%% bucket error).\n")
 	p("- **errors**: transport errors and statuses other than 200 and the denial, summed over all rounds. **200s, denials**: per run (median).\n")
 	p("- **⚠**: the system had errors, or authlimit's `/metrics` counted store errors (`authlimit_store_errors_total`) or fail-mode decisions (`authlimit_fail_mode_decisions_total`) during a run, warm-up included: then some decisions were made without Redis, and its figures do not measure Redis decisions alone. Both counters must be 0 with a healthy Redis.\n")
-	p("- **server CPU µs/decision**: user + system CPU of the system's server processes (authlimit; nginx's master and worker; HAProxy; both nginx or HAProxy and authlimit (or the null server) for nginx-authlimit-redis, nginx-auth-null, openresty-authlimit-redis, openresty-auth-null and haproxy-authlimit-redis; the null or naive server) from `/proc/<pid>/stat` over the window, per decision. `/proc` counts 10ms ticks.\n")
+	p("- **server CPU µs/decision**: user + system CPU of the system's server processes (authlimit; envoyproxy/ratelimit; nginx's master and worker; HAProxy; both nginx or HAProxy and authlimit (or the null server) for nginx-authlimit-redis, nginx-auth-null, openresty-authlimit-redis, openresty-auth-null and haproxy-authlimit-redis; the null, gRPC null or naive server) from `/proc/<pid>/stat` over the window, per decision. `/proc` counts 10ms ticks.\n")
 	p("- **Redis CPU µs/decision (/proc)**: the same for redis-server (summed over a cluster's nodes; so is commandstats).\n")
 	p("- **Redis µs/decision (commandstats)**: the growth of `usec` in `INFO commandstats`, per decision. Redis also counts the commands a script calls, inside the script's own time, so when scripts ran only the script commands (EVAL*, FCALL*) are summed.\n\n")
 }
@@ -268,8 +271,32 @@ func (r *report) renderWorkload(p func(string, ...any), w workload) {
 type ratioRow struct {
 	label    string
 	num, den string
-	p99      bool                  // compare p99 latency instead of decisions/s
+	of       measure               // what is compared; decisions/s by default
 	applies  func(w workload) bool // nil: every workload
+}
+
+// measure is the figure a ratio row compares.
+type measure int
+
+const (
+	rateOf     measure = iota // decisions/s
+	p50Of                     // p50 latency
+	p99Of                     // p99 latency
+	redisCmdOf                // Redis µs/decision by commandstats
+)
+
+// value is the measure of s, and whether it is known.
+func (m measure) value(s *summary) (float64, bool) {
+	switch m {
+	case p50Of:
+		return float64(s.p50), s.p50 > 0
+	case p99Of:
+		return float64(s.p99), s.p99 > 0
+	case redisCmdOf:
+		return s.cmdUs, s.hasRedis && s.cmdUs > 0
+	default:
+		return s.rate, s.rate > 0
+	}
 }
 
 func (r *report) renderSummary(p func(string, ...any)) {
@@ -286,10 +313,17 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "openresty-auth-null / nginx (the Lua module's ceiling)", num: "openresty-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "nginx-auth-null / nginx (auth_request's ceiling)", num: "nginx-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "haproxy-authlimit-redis / haproxy", num: "haproxy-authlimit-redis", den: "haproxy"},
-		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", p99: true, applies: func(w workload) bool { return w.conns == 50 }},
+		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", of: p99Of, applies: func(w workload) bool { return w.conns == 50 }},
+		{label: "authlimit-redis-fw / naive", num: "authlimit-redis-fw", den: "naive"},
+		{label: "authlimit-redis-1 p50 / naive p50", num: "authlimit-redis-1", den: "naive", of: p50Of},
+		{label: "Redis µs/decision: authlimit-redis-1 / naive", num: "authlimit-redis-1", den: "naive", of: redisCmdOf},
+		{label: "Redis µs/decision: authlimit-redis-fw / naive", num: "authlimit-redis-fw", den: "naive", of: redisCmdOf},
+		{label: "Redis µs/decision: authlimit-redis-3 / authlimit-redis-1", num: "authlimit-redis-3", den: "authlimit-redis-1", of: redisCmdOf},
+		{label: "Redis µs/decision: nginx-authlimit-redis / nginx-lua-redis", num: "nginx-authlimit-redis", den: "nginx-lua-redis", of: redisCmdOf},
 	}
+	rows = append(rows, grpcRatioRows()...)
 	ws := r.workloads()
-	p("## Summary\n\nRatios of decisions/s (the last row: of p99 latency), medians of the rounds. ")
+	p("## Summary\n\nRatios of decisions/s, or of the figure the row names (p50, p99, Redis µs per decision by commandstats), medians of the rounds. ")
 	p("⚠ marks a ratio with a system that had errors, or an authlimit that decided without its store (see the workload's table).\n\n| ratio |")
 	for _, w := range ws {
 		p(" %s |", w)
@@ -301,13 +335,12 @@ func (r *report) renderSummary(p func(string, ...any)) {
 			num, den := r.summaryOf(w, row.num), r.summaryOf(w, row.den)
 			cell := "—"
 			if num != nil && den != nil && (row.applies == nil || row.applies(w)) {
-				switch {
-				case row.p99 && den.p99 > 0:
-					cell = fmt.Sprintf("%.2f", float64(num.p99)/float64(den.p99))
-				case !row.p99 && den.rate > 0:
-					cell = fmt.Sprintf("%.2f", num.rate/den.rate)
+				n, nok := row.of.value(num)
+				d, dok := row.of.value(den)
+				if nok && dok {
+					cell = fmt.Sprintf("%.2f", n/d)
 				}
-				if num.flagged() || den.flagged() {
+				if cell != "—" && (num.flagged() || den.flagged()) {
 					cell += " ⚠"
 				}
 			}

@@ -36,13 +36,10 @@ type runResult struct {
 func rounds(ctx context.Context, o *options, systems []system, tmp string, progress io.Writer) (map[workload]map[string][]*runResult, error) {
 	reqs := map[string]map[string][][]byte{}
 	for _, w := range o.workloads {
-		ips := []netip.Addr{hotIP()}
-		if w == "ips" {
-			ips = clientIPs(o.ips)
-		}
+		ips := workloadIPs(o, w)
 		reqs[w] = map[string][][]byte{}
 		for _, s := range systems {
-			if reqs[w][s.path] == nil {
+			if s.rpc == nil && reqs[w][s.path] == nil {
 				reqs[w][s.path] = buildRequests(s.path, ips)
 			}
 		}
@@ -73,6 +70,14 @@ func rounds(ctx context.Context, o *options, systems []system, tmp string, progr
 		}
 	}
 	return results, nil
+}
+
+// workloadIPs are the clients of a workload.
+func workloadIPs(o *options, workload string) []netip.Addr {
+	if workload == "ips" {
+		return clientIPs(o.ips)
+	}
+	return []netip.Addr{hotIP()}
 }
 
 // line is the progress line of a run.
@@ -148,7 +153,12 @@ func runOnce(ctx context.Context, o *options, s system, w workload, reqs [][]byt
 		}
 		return nil
 	}
-	l := &load{addr: in.addr, reqs: reqs, conns: w.conns, warmup: o.warmup, duration: o.duration, denyStatus: in.denyStatus}
+	var l interface {
+		run(ctx context.Context, atStart, atEnd func() error) (*loadResult, error)
+	} = &load{addr: in.addr, reqs: reqs, conns: w.conns, warmup: o.warmup, duration: o.duration, denyStatus: in.denyStatus}
+	if s.rpc != nil {
+		l = &grpcLoad{addr: in.addr, rpc: s.rpc(workloadIPs(o, w.name)), conns: w.conns, warmup: o.warmup, duration: o.duration}
+	}
 	if res.load, err = l.run(ctx, atStart, atEnd); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -18,10 +19,11 @@ const luaModule = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 // systemNames lists every system in the order of the results tables.
 func systemNames() []string {
 	return []string{
-		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-3", "authlimit-cluster-1",
+		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-fw", "authlimit-redis-3", "authlimit-cluster-1",
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
 		"haproxy", "haproxy-authlimit-redis",
 		"openresty-auth-null", "openresty-authlimit-redis",
+		"grpc-null", "envoy-ratelimit", "authlimit-rls", "authlimit-check",
 	}
 }
 
@@ -36,6 +38,10 @@ type system struct {
 	haproxy   bool   // needs haproxy
 	path      string // the path the load requests
 	start     func(ctx context.Context, e *runEnv) (*instance, error)
+	// rpc, for a gRPC system, builds the requests of the gRPC load from
+	// the workload's clients; nil for an HTTP system.
+	rpc       func(ips []netip.Addr) *rpc
+	ratelimit bool // needs envoyproxy/ratelimit's binary
 }
 
 // runEnv is what a system starts with.
@@ -81,11 +87,15 @@ func limitFor(workload string) limit {
 	return limit{n: 1_000_000, window: "1m", ms: 60_000}
 }
 
-// rulesFor is authlimit's AUTHLIMIT_RULES with one rule, or three rules on
-// the same key (one round trip either way).
-func rulesFor(workload string, three bool) string {
+// rulesFor is authlimit's AUTHLIMIT_RULES with one rule of the given
+// algorithm (empty: the default), or three rules on the same key (one round
+// trip either way).
+func rulesFor(workload string, three bool, algorithm string) string {
 	l := limitFor(workload)
 	if !three {
+		if algorithm != "" {
+			return fmt.Sprintf("name=bench key=ip limit=%d/%s algorithm=%s", l.n, l.window, algorithm)
+		}
 		return fmt.Sprintf("name=bench key=ip limit=%d/%s", l.n, l.window)
 	}
 	var rules []string
@@ -102,6 +112,7 @@ func catalogue() []system {
 		{name: "naive", about: "fasthttp + go-redis, one EVALSHA (INCR, PEXPIRE on the first hit) per request keyed by X-Forwarded-For (`bench serve-naive`)", usesRedis: true, path: "/auth", start: startNaive},
 		{name: "authlimit-memory", about: "authlimit, embedded memory store, 1 rule", path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-1", about: "authlimit on Redis, 1 rule (sliding_window_counter)", usesRedis: true, path: "/auth", start: authlimitSystem(false)},
+		{name: "authlimit-redis-fw", about: "authlimit on Redis, 1 rule (fixed_window, the naive handler's own algorithm)", usesRedis: true, path: "/auth", start: authlimitAlgorithm("fixed_window")},
 		{name: "authlimit-redis-3", about: "authlimit on Redis, 3 rules on the same key (sliding_window_counter, token_bucket, gcra)", usesRedis: true, path: "/auth", start: authlimitSystem(true)},
 		{name: "authlimit-cluster-1", about: fmt.Sprintf("authlimit on a Redis Cluster of %d primaries (no replicas, sharing the same cores as everything else), 1 rule (sliding_window_counter)", clusterPrimaries), cluster: true, path: "/auth", start: authlimitSystem(false)},
 		{name: "nginx", about: "nginx alone serving a small static file", nginx: true, path: "/", start: startNginxStatic},
@@ -113,6 +124,10 @@ func catalogue() []system {
 		{name: "haproxy-authlimit-redis", about: "HAProxy (one thread) with the shipped haproxy/haproxy.cfg and haproxy/authlimit.lua: a Lua action → core.httpclient() → the config's listen section → authlimit → Redis, 1 rule; the frontend answers allowed requests itself, as haproxy alone does", haproxy: true, usesRedis: true, path: "/", start: startHAProxyAuthlimit},
 		{name: "openresty-auth-null", about: "OpenResty with the shipped nginx/openresty.conf and nginx/authlimit.lua, as openresty-authlimit-redis, but the null server in authlimit's place: the Lua module's hop alone, the ceiling of any auth server behind it", nginx: true, lua: true, path: "/", start: startOpenRestyAuthNull},
 		{name: "openresty-authlimit-redis", about: "OpenResty (nginx + Lua module) with the shipped nginx/openresty.conf and nginx/authlimit.lua: access_by_lua asks authlimit over pooled cosocket connections (no subrequest) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, lua: true, usesRedis: true, path: "/", start: startOpenRestyAuthlimit},
+		{name: "grpc-null", about: "a grpc-go server answering every `Check` with an `ok_response` and deciding nothing (`bench serve-grpc-null`), driven by the gRPC load with authlimit-check's requests: the floor of any gRPC answer, as null is of any HTTP answer", rpc: checkRPC, start: startGRPCNull},
+		{name: "envoy-ratelimit", about: fmt.Sprintf("envoyproxy/ratelimit %s (built with `go install` from the Go module proxy) answering gRPC `ShouldRateLimit` on Redis from the rate-limit configuration below, its settings at their defaults (a pool of 10 Redis connections, no pipelining window, no local cache of keys over their limit), driven by the gRPC load", ratelimitVersion), usesRedis: true, ratelimit: true, rpc: rlsRPC, start: startEnvoyRatelimit},
+		{name: "authlimit-rls", about: "authlimit on Redis answering gRPC `ShouldRateLimit` from the same rate-limit configuration file (`AUTHLIMIT_RLS_CONFIG`), driven by the gRPC load", usesRedis: true, rpc: rlsRPC, start: startAuthlimitRLS},
+		{name: "authlimit-check", about: "authlimit on Redis answering Envoy's ext_authz gRPC `Check` with the 1 rule of authlimit-redis-1, the client in the request's source address, driven by the gRPC load", usesRedis: true, rpc: checkRPC, start: startAuthlimitCheck},
 	}
 }
 
@@ -190,8 +205,17 @@ func startNaive(ctx context.Context, e *runEnv) (*instance, error) {
 // authlimitSystem starts authlimit with one rule or three, on Redis if the
 // run has one, else on the embedded store.
 func authlimitSystem(three bool) func(ctx context.Context, e *runEnv) (*instance, error) {
+	return authlimitRules(three, "")
+}
+
+// authlimitAlgorithm starts authlimit with one rule of the algorithm.
+func authlimitAlgorithm(algorithm string) func(ctx context.Context, e *runEnv) (*instance, error) {
+	return authlimitRules(false, algorithm)
+}
+
+func authlimitRules(three bool, algorithm string) func(ctx context.Context, e *runEnv) (*instance, error) {
 	return func(ctx context.Context, e *runEnv) (*instance, error) {
-		p, addr, err := startAuthlimit(ctx, e, rulesFor(e.workload, three))
+		p, addr, err := startAuthlimit(ctx, e, rulesFor(e.workload, three, algorithm))
 		if err != nil {
 			return nil, err
 		}

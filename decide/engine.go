@@ -152,9 +152,9 @@ func (e *Engine) SetRules(rs []*rules.Rule) error {
 	}
 	if r, ok := e.decider.(PolicyRegistrar); ok {
 		e.mu.Lock()
-		ps := make([]*algo.Policy, len(rs), len(rs)+len(e.kept))
-		for i, x := range rs {
-			ps[i] = x.Policy
+		ps := make([]*algo.Policy, 0, len(rs)+len(e.kept))
+		for _, x := range rs {
+			ps = append(ps, x.Policies()...)
 		}
 		ps = append(ps, e.kept...)
 		e.mu.Unlock()
@@ -184,6 +184,12 @@ type Input struct {
 	Client netip.Addr
 	// Request is what the rules see of the request, normalized.
 	Request rules.Request
+	// TrustedPeer says that the request came from a trusted proxy (for
+	// /auth, the TCP peer; for Check, attributes.source.address), so that
+	// the tier header, which such a proxy sets, is believed: see
+	// rules.Rule.Select. Read and Refuse reset it; a front sets it after
+	// Read.
+	TrustedPeer bool
 	// Invalid, when set, is the kind of problem that kept the front from
 	// reading the request (for example "invalid-url"), and InvalidDetail
 	// says what it was. Such a request is refused once the block and
@@ -210,6 +216,7 @@ func (e *Engine) Read(in *Input, client netip.Addr, method, uri, host []byte, h 
 	at[3] = len(buf)
 	in.buf = buf
 	in.Client = client
+	in.TrustedPeer = false
 	in.Invalid, in.InvalidDetail = "", ""
 	in.Request = rules.Request{
 		Method:    buf[:at[0]],
@@ -225,6 +232,7 @@ func (e *Engine) Read(in *Input, client netip.Addr, method, uri, host []byte, h 
 func (in *Input) Refuse(client netip.Addr, kind, detail string) {
 	in.Client = client
 	in.Request = rules.Request{}
+	in.TrustedPeer = false
 	in.Invalid, in.InvalidDetail = kind, detail
 }
 
@@ -255,7 +263,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 		o.refuse(Invalid, e.denyStatus, in.Invalid, in.InvalidDetail)
 		return
 	}
-	if !e.apply(set, &in.Request, o) {
+	if !e.apply(set, &in.Request, in.TrustedPeer, o) {
 		e.metrics.invalid.Inc()
 		return
 	}
@@ -367,10 +375,12 @@ func (e *Engine) decide(ctx context.Context, o *Outcome, now time.Time) {
 	e.respond(o, res, admitted, now)
 }
 
-// apply finds the rules that apply to q, with their keys and costs, into
-// o.reqs. It reports false, with o refused, when a key or cost header is
-// missing (and the rule refuses that), repeated or invalid.
-func (e *Engine) apply(set *ruleSet, q *rules.Request, o *Outcome) bool {
+// apply finds the rules that apply to q, with their keys, costs and limits
+// (the rule's own, a tier's or an override's: see rules.Rule.Select; the
+// tier header is read only when trusted), into o.reqs. It reports false,
+// with o refused, when a key, cost or tier header is missing (and the rule
+// refuses that), repeated or invalid.
+func (e *Engine) apply(set *ruleSet, q *rules.Request, trusted bool, o *Outcome) bool {
 	for i, r := range set.rules {
 		if !r.Match(q) {
 			continue
@@ -404,11 +414,17 @@ func (e *Engine) apply(set *ruleSet, q *rules.Request, o *Outcome) bool {
 		if cost == 0 && r.CostHeader != "" {
 			continue // an empty body counts nothing
 		}
+		which, ts := r.Select(q, o.keys, trusted)
+		if ts == rules.TierRepeated {
+			o.refuse(Invalid, e.denyStatus, "repeated-header", fmt.Sprintf("Rule %q reads its tier from the %s header, which the request has more than once.", r.Name, r.TierHeader))
+			return false
+		}
+		l := set.limits[i][which]
 		from := len(o.tags)
 		o.tags = algo.AppendTag(o.tags, o.keys)
 		o.spans = append(o.spans, span{from, len(o.tags)})
-		o.reqs = append(o.reqs, algo.Request{Policy: r.Policy, Cost: cost, Shadow: r.Shadow || e.shadow})
-		o.limits = append(o.limits, set.limits[i])
+		o.reqs = append(o.reqs, algo.Request{Policy: l.Policy, Cost: cost, Shadow: r.Shadow || e.shadow})
+		o.limits = append(o.limits, l)
 		o.ruleOf = append(o.ruleOf, r)
 	}
 	return true

@@ -10,16 +10,22 @@ import (
 )
 
 // ruleSet is a rule set as the engine decides it, never modified once
-// built: the rules and, for each, its Limit.
+// built: the rules and, for each, a Limit per policy (rules.Rule.Policies:
+// its own, its tiers', its overrides'), all under the rule's name, so that
+// the headers name the rule and give the limit that applied.
 type ruleSet struct {
 	rules  []*rules.Rule
-	limits []*Limit // rules[i]'s
+	limits [][]*Limit // rules[i]'s, indexed as rules[i].Policies()
 }
 
 func newRuleSet(rs []*rules.Rule, m *metrics) *ruleSet {
 	set := &ruleSet{rules: rs}
 	for _, r := range rs {
-		set.limits = append(set.limits, newLimit(r.Name, r.Name, r.Policy, m))
+		var ls []*Limit
+		for _, p := range r.Policies() {
+			ls = append(ls, newLimit(r.Name, r.Name, p, m))
+		}
+		set.limits = append(set.limits, ls)
 	}
 	return set
 }

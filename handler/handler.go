@@ -218,8 +218,12 @@ func (h *Handler) auth(ctx *fasthttp.RequestCtx) {
 	sc := h.scratch.Get().(*scratch)
 	defer h.scratch.Put(sc)
 	hdr := &ctx.Request.Header
-	ip := h.proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.PeekCanonical(xRealIP), peer(ctx))
-	if !h.read(ctx, sc, ip) {
+	p := peer(ctx)
+	ip := h.proxies.ClientIP(hdr.PeekAll(fasthttp.HeaderXForwardedFor), hdr.PeekCanonical(xRealIP), p)
+	if h.read(ctx, sc, ip) {
+		// Only a trusted proxy's tier header is believed.
+		sc.in.TrustedPeer = h.proxies.Trusts(p.Unmap())
+	} else {
 		sc.in.Refuse(ip, "invalid-url", "The "+h.urlHeader+" header is missing, repeated, or not an absolute URL with a host.")
 	}
 	out := &sc.out

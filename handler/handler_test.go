@@ -37,7 +37,7 @@ func newHandler(tb testing.TB, src string, opts ...func(*Options)) *Handler {
 	tb.Cleanup(func() { _ = m.Close() })
 	var policies []*algo.Policy
 	for _, r := range rs {
-		policies = append(policies, r.Policy)
+		policies = append(policies, r.Policies()...)
 	}
 	g, err := guard.New(guard.Options{Store: m, Policies: policies, DenyCacheSize: 1000})
 	if err != nil {

@@ -15,6 +15,8 @@ func FuzzParse(f *testing.F) {
 	f.Add("name=default key=ip limit=100/1m")
 	f.Add("name=a key=ip+header:X-Api-Key limit=5/1m algorithm=gcra burst=2 method=POST path=/login; name=b limit=1/d")
 	f.Add("name=x limit=0/0s burst=-1 algorithm=nope\n# c\nname=y limit=1/1m path=~[")
+	f.Add("name=api key=header:X-Api-Key limit=2/1m tier=header:X-Plan\ntier rule=api name=pro limit=4/1m\noverride rule=api key=k-1 limit=6/1m")
+	f.Add("name=h key=host limit=2/1m algorithm=gcra tier=header:T; tier rule=h name=a limit=4/1m burst=9; override rule=h key=A.Example.com. limit=6/1m")
 	f.Fuzz(func(t *testing.T, src string) {
 		rules, err := Parse(src)
 		if err != nil {

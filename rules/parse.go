@@ -26,8 +26,11 @@ const Default = "name=default key=ip limit=100/1m"
 func Parse(text string) ([]*Rule, error) {
 	var rules []*Rule
 	var errs []error
+	var variants []*variant
 	names := map[string]int{}
 	n := 0
+	counts := map[string]int{}
+	mentioned := map[string]bool{} // rules that tier entries name
 	for _, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(strings.TrimSpace(line), "#") {
 			continue
@@ -36,10 +39,28 @@ func Parse(text string) ([]*Rule, error) {
 			if strings.TrimSpace(src) == "" {
 				continue
 			}
+			if fs := strings.Fields(src); fs[0] == "tier" || fs[0] == "override" {
+				counts[fs[0]]++
+				v, err := parseVariant(fs[0], counts[fs[0]], fs[1:])
+				if fs[0] == "tier" {
+					mentioned[v.rule] = true
+				}
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				variants = append(variants, v)
+				continue
+			}
 			n++
 			r, err := parseRule(n, src)
 			if err != nil {
 				errs = append(errs, err)
+				if name := ruleName(src); name != "" {
+					if _, dup := names[name]; !dup {
+						names[name] = n
+					}
+				}
 				continue
 			}
 			if first, dup := names[r.Name]; dup {
@@ -49,6 +70,9 @@ func Parse(text string) ([]*Rule, error) {
 			names[r.Name] = n
 			rules = append(rules, r)
 		}
+	}
+	if err := attach(rules, names, variants, mentioned); err != nil {
+		errs = append(errs, err)
 	}
 	switch {
 	case len(errs) > 0:
@@ -61,6 +85,16 @@ func Parse(text string) ([]*Rule, error) {
 	return rules, nil
 }
 
+// ruleName returns the name= of a rule's source, if it has one.
+func ruleName(src string) string {
+	for _, f := range strings.Fields(src) {
+		if v, ok := strings.CutPrefix(f, "name="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
 // ruleError names the rule by position and, when it has one, its name.
 func ruleError(n int, name string, err error) error {
 	if name == "" {
@@ -69,7 +103,7 @@ func ruleError(n int, name string, err error) error {
 	return fmt.Errorf("rule %d %q: %w", n, name, err)
 }
 
-const fieldNames = "name, key, limit, algorithm, burst, delay, cost, cost_missing, method, host, path, on_missing or shadow"
+const fieldNames = "name, key, limit, algorithm, burst, delay, cost, cost_missing, method, host, path, on_missing, shadow or tier"
 
 func parseRule(n int, src string) (*Rule, error) {
 	fields := map[string]string{}
@@ -149,6 +183,12 @@ func parseRule(n int, src string) (*Rule, error) {
 				r.DenyOnMissing = true
 			default:
 				err = errors.New("want skip or deny")
+			}
+		case "tier":
+			if h, ok := strings.CutPrefix(v, "header:"); ok {
+				r.TierHeader, err = headerName(h)
+			} else {
+				err = errors.New("want header:<Name>, the header a proxy sets to the client's tier")
 			}
 		case "shadow":
 			r.Shadow, err = strconv.ParseBool(v)

@@ -47,9 +47,18 @@ type Rule struct {
 	DenyOnMissing bool
 	// Shadow rules are decided and counted but never deny.
 	Shadow bool
+	// TierHeader, when set, names the header whose value picks one of
+	// Tiers (see Select).
+	TierHeader string
+	// Tiers and Overrides give some requests another limit than Policy:
+	// see tier.go.
+	Tiers     []Tier
+	Overrides []Override
 
-	warnings   []string // see Warnings
-	host       []byte   // Host without "*."
+	policies   []*algo.Policy // see Policies; empty without tiers or overrides
+	overrides  map[string]int // an override's key: its index in policies
+	warnings   []string       // see Warnings
+	host       []byte         // Host without "*."
 	wildcard   bool
 	pathPrefix []byte
 	methods    [][]byte
@@ -328,7 +337,9 @@ func parseCost(b []byte) (int64, bool) {
 }
 
 // String writes the rule back in the rule language, defaults filled in and
-// values as they are matched.
+// values as they are matched, followed by its tiers and overrides, each
+// after a ";". An override's key is written as it is: String is for -check
+// and hashing, not for showing to whoever may not see the keys.
 func (r *Rule) String() string {
 	s := r.Policy.Spec()
 	var b strings.Builder
@@ -373,7 +384,26 @@ func (r *Rule) String() string {
 	if r.Shadow {
 		b.WriteString(" shadow=true")
 	}
+	if r.TierHeader != "" {
+		fmt.Fprintf(&b, " tier=header:%s", r.TierHeader)
+	}
+	for _, t := range r.Tiers {
+		fmt.Fprintf(&b, "; tier rule=%s name=%s%s", r.Name, t.Name, variantLimit(t.Policy))
+	}
+	for _, o := range r.Overrides {
+		fmt.Fprintf(&b, "; override rule=%s key=%s%s", r.Name, o.Key, variantLimit(o.Policy))
+	}
 	return b.String()
+}
+
+// variantLimit writes a tier's or override's limit= and burst=.
+func variantLimit(p *algo.Policy) string {
+	s := p.Spec()
+	out := fmt.Sprintf(" limit=%d/%s", s.Limit, formatDuration(s.Window))
+	if s.Algorithm.UsesBurst() && s.Burst != s.Limit {
+		out += fmt.Sprintf(" burst=%d", s.Burst)
+	}
+	return out
 }
 
 func formatDuration(d time.Duration) string {

@@ -16,23 +16,27 @@
 --                skewed clocks agree; only tests pin the time)
 --            [H] the number of requests, [H] the number of policies,
 --            [B] flags: 1 = reply with a refund token per rule
---   policies per policy: [H] id, [B] algorithm (1 fixed_window,
---            2 sliding_window_log, 3 sliding_window_counter, 4 token_bucket,
---            5 leaky_bucket, 6 gcra), [d] limit, [d] window (µs),
---            [d] burst, [d] delay (µs), [d] max cost (the largest cost the
---            policy ever admits)
+--   policies per policy the batch's rules use, each once: [B] algorithm
+--            (1 fixed_window, 2 sliding_window_log,
+--            3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket,
+--            6 gcra), [d] limit, [d] window (µs), [d] burst, [d] delay
+--            (µs), [d] max cost (the largest cost the policy ever admits)
 --   requests per request: [B] the number of rules, [d] the request's id
---            (unique to the caller, below 2^52), then per rule: [H] the
---            policy id, [B] shadow (1: its denial does not deny),
---            [d] cost, [H] key length and the key
--- Reply: an array of integers: per request, admitted (1 or 0), then per
---   rule allowed (1 or 0), reason (0 none, 1 limited, 2 cost too high),
---   remaining, reset after (µs), retry after (µs), delay (µs), and with
---   flag 1 a refund token for refund.lua: the window index written
---   (fixed_window, sliding_window_counter), the entry's time
---   (sliding_window_log), 0 for the others. An admitted request's allowing
---   rules answer with their counts after consuming; otherwise every rule
---   answers with the counts that stand.
+--            (unique to the caller, below 2^52), then per rule: [H] its
+--            policy's place in the policies above (0 for the first),
+--            [B] shadow (1: its denial does not deny), [d] cost, [H] key
+--            length and the key
+-- Reply: one string, little-endian binary: per request, [B] admitted
+--   (1 or 0), then per rule [B] allowed (1 or 0), [B] reason (0 none,
+--   1 limited, 2 cost too high), [d] remaining, [d] reset after (µs),
+--   [d] retry after (µs), [d] delay (µs), and with flag 1 [d] a refund
+--   token for refund.lua: the window index written (fixed_window,
+--   sliding_window_counter), the entry's time (sliding_window_log), 0 for
+--   the others. Every value is a whole number; Go reads it as C casts a Lua
+--   number to a Redis integer (towards zero). One string, packed here, costs
+--   Redis a third of what an array of integers does to convert. An
+--   admitted request's allowing rules answer with their counts after
+--   consuming; otherwise every rule answers with the counts that stand.
 --
 -- State, by algorithm, each in one key that expires when its state no longer
 -- matters (a bucket's: a full refill or drain after its last write; hex integers are written with %x, which keeps the keys redis
@@ -66,8 +70,9 @@
 -- again (PX), which costs Redis twice as much.
 
 local sunpack, spack = struct.unpack, struct.pack
-local sub, format, find, match = string.sub, string.format, string.find, string.match
+local sub, format, find, match, rep = string.sub, string.format, string.find, string.match, string.rep
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+local concat = table.concat
 local call, pcall = redis.call, redis.pcall
 
 local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
@@ -80,37 +85,41 @@ local now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
 local slack = 0
 if now < 0 then
   local t = call('TIME')
-  now = max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH, 0)
+  -- Arithmetic converts the strings as tonumber does, without its call.
+  now = t[1] * 1000000 + t[2] - EPOCH
+  if now < 0 then
+    now = 0
+  end
 else
   -- A pinned clock runs apart from Redis's own, which expires keys: give
   -- tests an hour of slack so a key never expires under a test's feet.
   slack = 3600000
 end
 local tokens_wanted = flags % 2 == 1
+-- The reply formats of a request's first rule (with its admitted byte) and
+-- of the others, with or without refund tokens.
+local FIRST, NEXT = '<BBBdddd', '<BBdddd'
+if tokens_wanted then
+  FIRST, NEXT = '<BBBddddd', '<BBddddd'
+end
 
--- Policies, by id + 1, each a table of its 6 values and its keys'
--- lifetime. Tables are built by constructors, sized at once: a table that
--- grows by assignment is rehashed at every power of two, which costs Redis
--- more than the rest of a decision.
-local P = {}
-for _ = 1, npol do
-  local id, a, L, W, B, D, M
-  id, a, L, W, B, D, M, pos = sunpack('<HBddddd', blob, pos)
-  -- A bucket's key lives as long as its state can matter: a full refill
-  -- (token_bucket) or drain (leaky_bucket, gcra, whose level may exceed B
-  -- by the delay), in ms. Written with its whole horizon rather than the
-  -- time its state matters now, a busy client's key is overwritten, not
-  -- expired and created again at every request: the difference is Redis's
-  -- active expiry, which otherwise deletes a key for every request.
-  local H = 0
-  if a >= 4 then
-    local full = B * W / L
-    if a ~= 4 then
-      full = full + D
-    end
-    H = max(ceil(full / 1000), 1)
+-- Policies, 6 values each from V[6 * place + 1], in one table built by its
+-- constructor from one unpack: a table per policy, or a table that grows by
+-- assignment (rehashed at every power of two), costs Redis more than the
+-- rest of a decision.
+local V
+if npol == 1 then
+  V = { sunpack('<Bddddd', blob, pos) }
+  pos = V[7]
+elseif npol <= 32 then
+  V = { sunpack('<' .. rep('Bddddd', npol), blob, pos) }
+  pos = V[6 * npol + 1]
+else
+  -- More values than one call should push at once: a policy at a time.
+  V = {}
+  for j = 0, 6 * (npol - 1), 6 do
+    V[j + 1], V[j + 2], V[j + 3], V[j + 4], V[j + 5], V[j + 6], pos = sunpack('<Bddddd', blob, pos)
   end
-  P[id + 1] = { a, L, W, B, D, M, H }
 end
 
 -- R holds one request's rules, 17 values each from R[17 * (i - 1) + 1]:
@@ -122,12 +131,18 @@ local KEY, ALG, COST, MAXCOST, OK, HREM, HRESET, HRETRY, TREM, TRESET, TDELAY, W
 local R = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 -- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
--- It is the script's only function: every closure a call makes costs Redis
--- an allocation and its collection, so the rest is written inline, and the
--- few helpers a denial needs are made only when one does.
+-- It is the only function every call makes: every closure costs Redis an
+-- allocation and its collection, so the rest is written inline, and the
+-- few helpers that buckets and denials need are made only when one does.
+-- v is what redis.pcall answered: a string, false (no key) or an error
+-- (a table with err); a string's err is nil, read with no call into C.
 local function hexes(v)
-  if type(v) ~= 'string' then
-    if type(v) == 'table' and v.err and not find(v.err, 'WRONGTYPE', 1, true) then
+  if not v then
+    return nil
+  end
+  local e = v.err
+  if e then
+    if not find(e, 'WRONGTYPE', 1, true) then
       error(v) -- not a wrong type: the key cannot be read (an ACL, say)
     end
     return nil
@@ -142,51 +157,12 @@ local function hexes(v)
   return tonumber(a, 16), tonumber(b, 16), tonumber(c, 16)
 end
 
--- The reply, sized for one request of one rule.
--- up(x) is math.ceil(x), and x - x % 1 math.floor(x), exactly: a call
--- into C costs Redis several times what the arithmetic does, so the hot
--- paths call neither.
-local function up(x)
-  local f = x - x % 1
-  if f < x then
-    return f + 1
-  end
-  return f
-end
+-- up and level_at are made by the first bucket rule of a call, the windows'
+-- paths doing the same inline: see the bucket branch below.
+local up, level_at
 
--- level_at is a bucket's level at a time: a token bucket's tokens (a == 4),
--- refilling up to B, or a leaky bucket's (and gcra's) level, draining to 0,
--- from the state (t, x) read, if any.
-local function level_at(a, t, x, B, L, W, at)
-  if a == 4 then
-    if not t then
-      return B
-    end
-    local dt = at - t
-    if dt < 0 then
-      dt = 0
-    end
-    local v = x + dt * L / W
-    if v > B then
-      return B
-    end
-    return v
-  end
-  if not t then
-    return 0
-  end
-  local dt = at - t
-  if dt < 0 then
-    dt = 0
-  end
-  local v = x - dt * L / W
-  if v < 0 then
-    return 0
-  end
-  return v
-end
-
-local reply, r = { 0, 0, 0, 0, 0, 0, 0 }, 0
+-- The reply's strings, one per rule, sized for one.
+local reply, r = { '' }, 0
 for _ = 1, nreq do
   local nrules, rid
   nrules, rid, pos = sunpack('<Bd', blob, pos)
@@ -197,8 +173,8 @@ for _ = 1, nreq do
     local b = 17 * (i - 1)
     local id, sh, c, k
     id, sh, c, k, pos = sunpack('<HBdHc0', blob, pos)
-    local pp = P[id + 1]
-    local a, L, W, B, D, M = pp[1], pp[2], pp[3], pp[4], pp[5], pp[6]
+    local v = 6 * id
+    local a, L, W, B, D, M = V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6]
     R[b + KEY], R[b + COST], R[b + ALG], R[b + MAXCOST] = k, c, a, M
     R[b + OK], R[b + HREM], R[b + HRESET], R[b + HRETRY], R[b + TDELAY], R[b + TOKEN] = 0, 0, 0, 0, 0, 0
     if a == 1 then -- fixed_window
@@ -222,7 +198,10 @@ for _ = 1, nreq do
         if keep then
           R[b + WTTL] = 0
         else
-          local ttl = up(ending / 1000)
+          local ttl = ending / 1000
+          if ttl % 1 > 0 then
+            ttl = ttl - ttl % 1 + 1
+          end
           if ttl < 1 then
             ttl = 1
           end
@@ -271,7 +250,10 @@ for _ = 1, nreq do
         if keep then
           R[b + WTTL] = 0
         else
-          local ttl = up((2 * W - e) / 1000)
+          local ttl = (2 * W - e) / 1000
+          if ttl % 1 > 0 then
+            ttl = ttl - ttl % 1 + 1
+          end
           if ttl < 1 then
             ttl = 1
           end
@@ -355,6 +337,49 @@ for _ = 1, nreq do
         R[b + LTOTAL] = total + c
       end
     else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
+      if not up then
+        -- up(x) is math.ceil(x), and x - x % 1 math.floor(x), exactly: a
+        -- call into C costs Redis several times what the arithmetic does,
+        -- so the hot paths call neither.
+        up = function(x)
+          local f = x - x % 1
+          if f < x then
+            return f + 1
+          end
+          return f
+        end
+        -- level_at is a bucket's level at a time: a token bucket's tokens
+        -- (a == 4), refilling up to B, or a leaky bucket's (and gcra's)
+        -- level, draining to 0, from the state (t, x) read, if any.
+        level_at = function(a, t, x, B, L, W, at)
+          if a == 4 then
+            if not t then
+              return B
+            end
+            local dt = at - t
+            if dt < 0 then
+              dt = 0
+            end
+            local v = x + dt * L / W
+            if v > B then
+              return B
+            end
+            return v
+          end
+          if not t then
+            return 0
+          end
+          local dt = at - t
+          if dt < 0 then
+            dt = 0
+          end
+          local v = x - dt * L / W
+          if v < 0 then
+            return 0
+          end
+          return v
+        end
+      end
       local t, x
       local v = pcall('GET', k)
       if type(v) == 'string' and #v == 16 then
@@ -418,7 +443,25 @@ for _ = 1, nreq do
         end
       end
       if R[b + OK] == 1 then
-        R[b + WVAL], R[b + WTTL] = spack('<dd', now, level), pp[7] + slack
+        -- The key lives as long as its state can matter: a full refill
+        -- (token_bucket) or drain (leaky_bucket, gcra, whose level may
+        -- exceed B by the delay), in ms. Written with its whole horizon
+        -- rather than the time its state matters now, a busy client's key
+        -- is overwritten, not expired and created again at every request:
+        -- the difference is Redis's active expiry, which otherwise deletes
+        -- a key for every request.
+        local H = B * W / L
+        if a ~= 4 then
+          H = H + D
+        end
+        H = H / 1000
+        if H % 1 > 0 then
+          H = H - H % 1 + 1
+        end
+        if H < 1 then
+          H = 1
+        end
+        R[b + WVAL], R[b + WTTL] = spack('<dd', now, level), H + slack
       end
     end
     if R[b + OK] == 0 and sh ~= 1 then
@@ -427,8 +470,6 @@ for _ = 1, nreq do
   end
   -- Phase two: only if the request is admitted, write, and answer with the
   -- counts after consuming; otherwise answer with the counts as they stand.
-  r = r + 1
-  reply[r] = all
   for i = 1, nrules do
     local b = 17 * (i - 1)
     local ok, reason, rem, reset, retry, delay = R[b + OK], 0, R[b + HREM], R[b + HRESET], R[b + HRETRY], 0
@@ -472,12 +513,15 @@ for _ = 1, nreq do
       end
       rem, reset, delay = R[b + TREM], R[b + TRESET], R[b + TDELAY]
     end
-    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] = ok, reason, rem, reset, retry, delay
-    r = r + 6
-    if tokens_wanted then
-      r = r + 1
-      reply[r] = R[b + TOKEN]
+    r = r + 1
+    if i == 1 then
+      reply[r] = spack(FIRST, all, ok, reason, rem, reset, retry, delay, R[b + TOKEN])
+    else
+      reply[r] = spack(NEXT, ok, reason, rem, reset, retry, delay, R[b + TOKEN])
     end
   end
 end
-return reply
+if r == 1 then
+  return reply[1]
+end
+return concat(reply, '', 1, r)

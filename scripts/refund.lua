@@ -12,7 +12,9 @@
 --   header   [d] the time in µs since 2020-01-01T00:00:00Z, or -1 to read
 --            Redis TIME; [H] the number of rules; [H] the number of
 --            policies
---   policies as in decide.lua
+--   policies per policy: [H] id, [B] algorithm (as in decide.lua),
+--            [d] limit, [d] window (µs), [d] burst, [d] delay (µs),
+--            [d] max cost
 --   rules    per rule: [H] policy id, [d] cost, [H] key length and the key,
 --            [d] the refund token decide.lua returned for it, [d] the
 --            request's id

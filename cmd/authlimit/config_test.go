@@ -400,6 +400,9 @@ func TestCheckRulesThatNeverWork(t *testing.T) {
 		{`name=search limit=1/1m path=~^/search\?q=x`, `AUTHLIMIT_RULES: rule 1 "search": path "~^/search\\?q=x": paths are matched without their query`},
 		{`name=login limit=1/1m path=~(?-i)^/Login$`, `AUTHLIMIT_RULES: rule 1 "login": path "~(?-i)^/Login$": paths are matched in lower case`},
 		{`name=a limit=1/1m; name=m key=ip limit=1/1m on_missing=deny`, `AUTHLIMIT_RULES: rule 2 "m": on_missing "deny": the key "ip" has no header: part`},
+		{`name=api key=header:K limit=1/1m tier=header:X-Plan`, `AUTHLIMIT_RULES: rule 1 "api": tier "header:X-Plan": no tier names this rule`},
+		{`name=api key=header:K limit=1/1m; tier rule=api name=pro limit=2/1m`, `AUTHLIMIT_RULES: tier 1 "pro" of rule "api": rule "api": the rule reads no tier`},
+		{`name=api key=header:K limit=1/1m; override rule=api key=k1 limit=2/1x`, `AUTHLIMIT_RULES: override 1 of rule "api": limit "2/1x": unknown unit "x"`},
 	} {
 		err, said := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": tc.rules})
 		var u usageError

@@ -260,7 +260,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	reg.MustRegister(a.conns.accepted, a.conns.rejected, a.conns.acceptErrors)
 	var policies []*algo.Policy
 	for _, r := range s.rules {
-		policies = append(policies, r.Policy)
+		policies = append(policies, r.Policies()...)
 	}
 	policies = append(policies, s.rlsPolicies()...)
 	gopts := guard.Options{

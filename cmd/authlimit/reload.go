@@ -162,17 +162,31 @@ func checkSuccession(old, next []*rules.Rule) error {
 	}
 	windows := map[id]time.Duration{}
 	for _, r := range old {
-		s := r.Policy.Spec()
-		windows[id{s.Name, s.Algorithm}] = s.Window
+		for _, p := range r.Policies() {
+			s := p.Spec()
+			windows[id{s.Name, s.Algorithm}] = s.Window
+		}
 	}
 	var errs []error
 	for i, r := range next {
-		s := r.Policy.Spec()
-		if s.Algorithm != algo.FixedWindow && s.Algorithm != algo.SlidingWindowCounter {
-			continue
-		}
-		if w, ok := windows[id{s.Name, s.Algorithm}]; ok && w != s.Window {
-			errs = append(errs, fmt.Errorf("rule %d %q: limit: the window changes from %v to %v, which %s's counts cannot carry over; give the rule a new name to start it afresh", i+1, s.Name, w, s.Window, s.Algorithm))
+		for j, p := range r.Policies() {
+			s := p.Spec()
+			if s.Algorithm != algo.FixedWindow && s.Algorithm != algo.SlidingWindowCounter {
+				continue
+			}
+			w, ok := windows[id{s.Name, s.Algorithm}]
+			if !ok || w == s.Window {
+				continue
+			}
+			what := ""
+			switch {
+			case j == 0:
+			case j <= len(r.Tiers):
+				what = fmt.Sprintf("tier %q: ", r.Tiers[j-1].Name)
+			default:
+				what = "an override: "
+			}
+			errs = append(errs, fmt.Errorf("rule %d %q: %slimit: the window changes from %v to %v, which %s's counts cannot carry over; give the rule a new name to start it afresh", i+1, r.Name, what, w, s.Window, s.Algorithm))
 		}
 	}
 	return errors.Join(errs...)

@@ -465,7 +465,8 @@ func TestWindowChangeRefused(t *testing.T) {
 		}
 		return rs
 	}
-	old := parse("name=a limit=10/1m algorithm=fixed_window; name=b limit=10/1m; name=c limit=10/1m algorithm=gcra; name=d limit=10/1m algorithm=sliding_window_log")
+	old := parse("name=a limit=10/1m algorithm=fixed_window; name=b limit=10/1m; name=c limit=10/1m algorithm=gcra; name=d limit=10/1m algorithm=sliding_window_log; " +
+		"name=e key=header:K limit=10/1m algorithm=fixed_window tier=header:X-Plan; tier rule=e name=pro limit=20/1m; override rule=e key=k1 limit=30/1m")
 	tests := []struct {
 		name, next, want string
 	}{
@@ -475,6 +476,10 @@ func TestWindowChangeRefused(t *testing.T) {
 		{"renamed", "name=a2 limit=10/1h algorithm=fixed_window", ""},
 		{"other algorithm, same name", "name=a limit=10/1h algorithm=token_bucket", ""},
 		{"gcra and the log take any window", "name=c limit=10/1h algorithm=gcra; name=d limit=10/1h algorithm=sliding_window_log", ""},
+		{"a tier's new limit", "name=e key=header:K limit=10/1m algorithm=fixed_window tier=header:X-Plan; tier rule=e name=pro limit=40/1m; override rule=e key=k1 limit=50/1m", ""},
+		{"a tier's window", "name=e key=header:K limit=10/1m algorithm=fixed_window tier=header:X-Plan; tier rule=e name=pro limit=20/1h", `rule 1 "e": tier "pro": limit: the window changes from 1m0s to 1h0m0s`},
+		{"an override's window", "name=e key=header:K limit=10/1m algorithm=fixed_window; override rule=e key=k1 limit=30/1s", `rule 1 "e": an override: limit: the window changes from 1m0s to 1s`},
+		{"a new tier", "name=e key=header:K limit=10/1m algorithm=fixed_window tier=header:X-Plan; tier rule=e name=gold limit=20/1h", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,6 +10,8 @@
 //   - the method, path and host are attributes.request.http's method,
 //     path and host, never a header's: Envoy gives the request line itself,
 //     so a client's own X-Forwarded-Method, -Uri or -Host moves nothing;
+//   - a rule's tier header is believed only when attributes.source.address
+//     is a trusted proxy, as /auth believes it only from a trusted peer;
 //   - the headers are attributes.request.http.header_map when Envoy sends
 //     raw headers (encode_raw_headers: true), whose repeats are counted
 //     exactly, or else attributes.request.http.headers, in which Envoy joins
@@ -110,8 +112,11 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	}
 	sc.xff = sc.hdrs.all(sc.xff[:0], "x-forwarded-for")
 	realIP, _ := sc.hdrs.Lookup("x-real-ip")
-	ip := s.proxies.ClientIP(sc.xff, realIP, peer(req.GetAttributes().GetSource().GetAddress()))
+	src := peer(req.GetAttributes().GetSource().GetAddress())
+	ip := s.proxies.ClientIP(sc.xff, realIP, src)
 	s.engine.Read(&sc.in, ip, []byte(h.GetMethod()), []byte(h.GetPath()), []byte(h.GetHost()), &sc.hdrs)
+	// Only a trusted proxy's tier header is believed, as for /auth.
+	sc.in.TrustedPeer = s.proxies.Trusts(src.Unmap())
 
 	// The caller's deadline and cancellation do not reach the decision:
 	// the guard counts an abandoned decision as a store failure, so a

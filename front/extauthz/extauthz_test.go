@@ -60,7 +60,7 @@ func newStack(t *testing.T, b backend, src string, mod func(*decide.Options)) *s
 	}
 	var policies []*algo.Policy
 	for _, r := range rs {
-		policies = append(policies, r.Policy)
+		policies = append(policies, r.Policies()...)
 	}
 	gopts := guard.Options{Policies: policies, DenyCacheSize: 1000, FailMode: b.failMode}
 	if b.redis == nil {

@@ -1,0 +1,317 @@
+package main
+
+// This file is the gRPC load generator: closed-loop unary calls, one
+// goroutine per connection (its own TCP connection and HTTP/2 session, as
+// each gRPC client connection has) with one call in flight, so that N
+// connections are N concurrent streams over N connections, as the HTTP load
+// generator keeps one request in flight on each of its N connections.
+// Calls are prebuilt HTTP/2 frames (grpcwire.go); each worker reuses one
+// reply message.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// verdict is what one answer means to the load: a decision either way, or
+// something else.
+type verdict int
+
+const (
+	verdictAllowed verdict = iota
+	verdictDenied
+	verdictOther
+)
+
+// rpc is one gRPC method and its prebuilt requests.
+type rpc struct {
+	method   string          // full method name, /package.Service/Method
+	reqs     []proto.Message // cycled through
+	probe    proto.Message   // a request outside the workload's clients, for readiness
+	newReply func() proto.Message
+	// classify reads a reply; for verdictOther it names the kind of answer
+	// for the results' notes.
+	classify func(reply proto.Message) (verdict, string)
+}
+
+// grpcLoad is one run of the gRPC load generator against one address.
+type grpcLoad struct {
+	addr     string
+	rpc      *rpc
+	conns    int
+	warmup   time.Duration
+	duration time.Duration
+}
+
+// grpcWorker is one connection's goroutine and its counts, its own until
+// the run ends.
+type grpcWorker struct {
+	mu                    sync.Mutex
+	conn                  net.Conn // guarded by mu, for interrupt
+	allowed, denied       uint64
+	transport, reconnects uint64
+	failed                map[string]uint64 // gRPC errors and other answers, by kind
+	hist                  histogram
+}
+
+// count records one answer completed in the measured window: a reply, or
+// a gRPC status other than OK. A call that got no answer is no answer.
+func (w *grpcWorker) count(r *rpc, reply proto.Message, err error, elapsed time.Duration) {
+	kind := ""
+	switch v, k := classifyCall(r, reply, err); v {
+	case verdictAllowed:
+		w.allowed++
+	case verdictDenied:
+		w.denied++
+	default:
+		kind = k
+	}
+	if kind != "" {
+		if w.failed == nil {
+			w.failed = map[string]uint64{}
+		}
+		w.failed[kind]++
+	}
+	// Every answer is timed, whatever it says, as the HTTP load times
+	// every response whatever its status.
+	w.hist.record(elapsed)
+}
+
+// classifyCall is the verdict of one call: its error's gRPC code, or the
+// rpc's reading of its reply.
+func classifyCall(r *rpc, reply proto.Message, err error) (verdict, string) {
+	if err != nil {
+		return verdictOther, "gRPC " + status.Code(err).String()
+	}
+	v, kind := r.classify(reply)
+	if v == verdictOther && kind == "" {
+		kind = "unexpected answer"
+	}
+	return v, kind
+}
+
+// run drives the load like load.run: warm-up, then the measured window,
+// calling atStart and atEnd right at its edges.
+func (l *grpcLoad) run(ctx context.Context, atStart, atEnd func() error) (*loadResult, error) {
+	calls, err := l.rpc.wire(l.addr)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(l.warmup + l.duration + stopGrace)
+	var phase atomic.Int32
+	workers := make([]*grpcWorker, l.conns)
+	var wg sync.WaitGroup
+	for i := range workers {
+		w := &grpcWorker{}
+		workers[i] = w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.loop(l.addr, l.rpc, calls, i*len(calls)/l.conns, &phase, deadline)
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	stop := func() {
+		phase.Store(phaseStop)
+		for _, w := range workers {
+			w.interrupt()
+		}
+		<-done
+	}
+
+	if err := sleepCtx(ctx, l.warmup); err != nil {
+		stop()
+		return nil, err
+	}
+	if err := atStart(); err != nil {
+		stop()
+		return nil, err
+	}
+	start := time.Now()
+	phase.Store(phaseMeasure)
+	err = sleepCtx(ctx, l.duration)
+	phase.Store(phaseStop)
+	elapsed := time.Since(start)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	endErr := atEnd()
+	select {
+	case <-done:
+	case <-time.After(stopGrace):
+		stop() // a server that stopped answering: cut its connections
+	}
+	if endErr != nil {
+		return nil, endErr
+	}
+	return mergeGRPC(elapsed, workers), nil
+}
+
+// mergeGRPC sums the workers' counts into one result.
+func mergeGRPC(elapsed time.Duration, workers []*grpcWorker) *loadResult {
+	res := &loadResult{elapsed: elapsed, badStatus: map[int]uint64{}}
+	for _, w := range workers {
+		res.allowed += w.allowed
+		res.denied += w.denied
+		res.transport += w.transport
+		res.reconnects += w.reconnects
+		res.hist.merge(&w.hist)
+		for k, n := range w.failed {
+			if res.failed == nil {
+				res.failed = map[string]uint64{}
+			}
+			res.failed[k] += n
+		}
+	}
+	return res
+}
+
+// loop makes calls[first] on, one call at a time, until the phase is
+// phaseStop. Answers completed in phaseMeasure are counted.
+func (w *grpcWorker) loop(addr string, r *rpc, calls []*wireCall, first int, phase *atomic.Int32, deadline time.Time) {
+	reply := r.newReply()
+	next := first
+	var c *wireConn
+	for phase.Load() != phaseStop {
+		if c == nil {
+			var err error
+			if c, err = w.dial(addr, phase, deadline); err != nil {
+				if phase.Load() == phaseMeasure {
+					w.transport++
+				}
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+		}
+		call := calls[next]
+		if next++; next == len(calls) {
+			next = 0
+		}
+		proto.Reset(reply)
+		start := time.Now()
+		err := c.call(call, reply)
+		elapsed := time.Since(start)
+		measured := phase.Load() == phaseMeasure
+		if _, isStatus := status.FromError(err); err != nil && !isStatus {
+			switch {
+			case errors.Is(err, errGoAway):
+				// Not processed: not an answer, and no error.
+				w.reconnects++
+			case measured:
+				w.transport++
+			}
+			w.drop(c)
+			c = nil
+			continue
+		}
+		if measured {
+			w.count(r, reply, err, elapsed)
+		}
+		if c.goingAway {
+			w.reconnects++
+			w.drop(c)
+			c = nil
+		}
+	}
+	if c != nil {
+		w.drop(c)
+	}
+}
+
+// dial connects and starts HTTP/2, unless the run is stopping, and records
+// the connection so that interrupt can reach it.
+func (w *grpcWorker) dial(addr string, phase *atomic.Int32, deadline time.Time) (*wireConn, error) {
+	nc, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	// One deadline for the whole run, as the HTTP load has: a hung server
+	// cannot hold the run past its end.
+	if err := nc.SetDeadline(deadline); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if phase.Load() == phaseStop {
+		nc.Close()
+		return nil, errors.New("stopping")
+	}
+	c, err := newWireConn(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	w.conn = nc
+	return c, nil
+}
+
+// drop closes the worker's connection.
+func (w *grpcWorker) drop(c *wireConn) {
+	w.mu.Lock()
+	w.conn = nil
+	w.mu.Unlock()
+	c.conn.Close()
+}
+
+// interrupt fails the worker's blocked read or write at once.
+func (w *grpcWorker) interrupt() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn != nil {
+		_ = w.conn.SetDeadline(time.Now())
+	}
+}
+
+// wire prebuilds the rpc's calls for a server at addr.
+func (r *rpc) wire(addr string) ([]*wireCall, error) {
+	calls := make([]*wireCall, len(r.reqs))
+	for i, req := range r.reqs {
+		var err error
+		if calls[i], err = buildWireCall(addr, r.method, req); err != nil {
+			return nil, err
+		}
+	}
+	return calls, nil
+}
+
+// waitGRPC is a readiness check: the probe request gets a decision.
+func waitGRPC(addr string, r *rpc) func() error {
+	return func() error {
+		call, err := buildWireCall(addr, r.method, r.probe)
+		if err != nil {
+			return err
+		}
+		nc, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		if err := nc.SetDeadline(time.Now().Add(2 * time.Second)); err != nil {
+			return err
+		}
+		c, err := newWireConn(nc)
+		if err != nil {
+			return err
+		}
+		reply := r.newReply()
+		err = c.call(call, reply)
+		if _, isStatus := status.FromError(err); err != nil && !isStatus {
+			return fmt.Errorf("%s on %s: %w", r.method, addr, err)
+		}
+		if v, kind := classifyCall(r, reply, err); v == verdictOther {
+			return fmt.Errorf("%s on %s: %s", r.method, addr, kind)
+		}
+		return nil
+	}
+}
