@@ -81,6 +81,12 @@ type Result struct {
 	// Delay is, for a shaping leaky bucket that admitted the request, how
 	// long the caller should hold it before letting it through.
 	Delay time.Duration
+	// NotDecided reports that the policy was not asked: another policy's
+	// denial answered the request before the store was (the guard's deny
+	// cache). Nothing was consumed and the policy's state is unknown:
+	// Allowed is true (it denied nothing), Limit is its capacity, and
+	// Remaining and the durations are zero. The stores never set it.
+	NotDecided bool
 }
 
 // micros converts microseconds to a Duration.

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,6 +70,12 @@ type Engine struct {
 	metrics      *metrics
 	log          *slog.Logger
 	clock        func() time.Time
+
+	// kept are the policies of the limits fronts made with NewLimit:
+	// SetRules registers them with the rules' own, so that a new rule set
+	// leaves the fronts' policies known to the Decider.
+	mu   sync.Mutex
+	kept []*algo.Policy
 }
 
 // New validates opts and returns an Engine.
@@ -137,16 +144,20 @@ type PolicyRegistrar interface {
 // SetRules swaps the rule set whole: requests that have started finish
 // under the set they started with, later ones decide under rs. The
 // Decider must know rs's policies: a PolicyRegistrar learns them first,
-// and if it refuses them, the set in force stays.
+// with those of the limits made by NewLimit, and if it refuses them, the
+// set in force stays.
 func (e *Engine) SetRules(rs []*rules.Rule) error {
 	if err := checkRules(rs); err != nil {
 		return err
 	}
 	if r, ok := e.decider.(PolicyRegistrar); ok {
-		ps := make([]*algo.Policy, 0, len(rs))
+		e.mu.Lock()
+		ps := make([]*algo.Policy, 0, len(rs)+len(e.kept))
 		for _, x := range rs {
 			ps = append(ps, x.Policies()...)
 		}
+		ps = append(ps, e.kept...)
+		e.mu.Unlock()
 		if err := r.RegisterPolicies(ps); err != nil {
 			return fmt.Errorf("decide: register the rules' policies: %w", err)
 		}
@@ -160,6 +171,10 @@ func (e *Engine) Rules() []*rules.Rule { return e.set.Load().rules }
 
 // DenyStatus is the status of a denial.
 func (e *Engine) DenyStatus() int { return e.denyStatus }
+
+// Shadow reports whether every rule and limit is a shadow: nothing is
+// denied. A front that denies on its own (Envoy's limit of 0) asks it.
+func (e *Engine) Shadow() bool { return e.shadow }
 
 // Input is one request as a front read it. Fill it with Read, or set its
 // fields directly.
@@ -271,10 +286,24 @@ type LimitRequest struct {
 }
 
 // NewLimit returns a Limit of p under name (bounded: it labels metrics),
-// for DecideLimits. The Decider must know p, as it knows the rules'
-// policies.
+// for DecideLimits, such as a configured limit of Envoy's rate limit
+// service, made once at start. The Decider must know p, as it knows the
+// rules' policies; SetRules keeps it registered with a PolicyRegistrar
+// for the Engine's life.
 func (e *Engine) NewLimit(name string, p *algo.Policy) *Limit {
-	return newLimit(name, p, e.metrics)
+	e.mu.Lock()
+	e.kept = append(e.kept, p)
+	e.mu.Unlock()
+	return newLimit(name, name, p, e.metrics)
+}
+
+// NewLimitCountedAs returns a limit made on demand, such as one Envoy
+// sends with a descriptor: its metrics count under label rather than its
+// name, so that such limits share one and the metrics stay bounded while
+// the headers name each. It is not registered with the Decider, which
+// decides it all the same (a guard.Guard, without its deny cache).
+func (e *Engine) NewLimitCountedAs(name, label string, p *algo.Policy) *Limit {
+	return newLimit(name, label, p, e.metrics)
 }
 
 // DecideLimits decides limits a front picked itself, such as the policies
@@ -413,6 +442,8 @@ func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.
 		d := &o.limits[i].metrics
 		shadow := o.reqs[i].Shadow
 		switch {
+		case r.NotDecided:
+			// Not asked: nothing to count.
 		case r.Allowed:
 			d.allowed.Inc()
 			delay = max(delay, r.Delay)
@@ -447,14 +478,14 @@ func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.
 
 // neverAdmits marks as cost-too-high every enforcing rule that the request
 // costs more than it ever admits, whatever res says: the deny cache
-// answers for one rule alone and reports the others as allowing. A request
+// answers for one rule alone and reports the others as not decided. A request
 // that one of them denies is answered cost-too-high, never rate-limited,
 // since no wait admits it.
 func neverAdmits(reqs []algo.Request, res []algo.Result) {
 	for i := range reqs {
 		q := &reqs[i]
 		if !q.Shadow && q.EffectiveCost() > q.Policy.MaxCost() && res[i].Reason != algo.ReasonCostTooHigh {
-			res[i].Allowed, res[i].Reason, res[i].RetryAfter, res[i].Delay = false, algo.ReasonCostTooHigh, 0, 0
+			res[i].Allowed, res[i].Reason, res[i].RetryAfter, res[i].Delay, res[i].NotDecided = false, algo.ReasonCostTooHigh, 0, 0, false
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/race"
@@ -270,7 +272,8 @@ func TestDecideLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := New(Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
+	reg := prometheus.NewRegistry()
+	e, err := New(Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,6 +293,24 @@ func TestDecideLimits(t *testing.T) {
 	}
 	if got := header(&o, "RateLimit"); !strings.HasPrefix(got, `"per-user";r=0;`) {
 		t.Errorf("RateLimit %q, want the denying limit's", got)
+	}
+	// Again: the guard's deny cache answers for per-user, so per-route is
+	// not asked: not decided, and not counted.
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: key}, {Limit: lb, Key: key}}, &o)
+	if o.Verdict != Deny || !o.Results[0].NotDecided || o.Results[0].Remaining != 0 || o.Results[1].NotDecided || o.Most != 1 {
+		t.Fatalf("from the deny cache: %v %+v most %d", o.Verdict, o.Results, o.Most)
+	}
+	if got := counter(t, reg, "authlimit_decisions_total", "allowed", "per-route"); got != 2 {
+		t.Errorf("per-route allowed %v, want 2: the deny cache's answer counts nothing for it", got)
+	}
+	// A limit counted under another label keeps its name in the headers.
+	lc := e.NewLimitCountedAs("rls-override-2-per-minute", "override", a)
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: lc, Key: []byte("user 3")}}, &o)
+	if got := header(&o, "RateLimit-Policy"); o.Verdict != Allow || got != `"rls-override-2-per-minute";q=2;w=60` {
+		t.Errorf("a limit counted as override: %v RateLimit-Policy %q", o.Verdict, got)
+	}
+	if got := counter(t, reg, "authlimit_decisions_total", "allowed", "override"); got != 1 {
+		t.Errorf("override allowed %v, want 1", got)
 	}
 	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: []byte("user 2"), Cost: 3}}, &o)
 	if o.Verdict != Deny || o.Kind != "cost-too-high" || header(&o, "Retry-After") != "" {
@@ -345,6 +366,20 @@ func TestSetRulesRegistersPolicies(t *testing.T) {
 	if len(reg.learnt) != 1 || len(reg.learnt[0]) != 2 || reg.learnt[0][0] != sets[1][0].Policy || reg.learnt[0][1] != sets[1][1].Policy {
 		t.Errorf("learnt %v, want the new set's two policies", reg.learnt)
 	}
+	// A front's limit stays registered through later swaps; one made on
+	// demand is not registered.
+	front, err := algo.NewPolicy(algo.Spec{Name: "front", Algorithm: algo.FixedWindow, Limit: 3, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.NewLimit("front", front)
+	e.NewLimitCountedAs("on-demand", "override", sets[0][0].Policy)
+	if err := e.SetRules(sets[1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := reg.learnt[len(reg.learnt)-1]; len(got) != 3 || got[2] != front {
+		t.Errorf("learnt %v, want the set's two policies and the front's", got)
+	}
 	reg.refuse = errors.New("full")
 	if err := e.SetRules(sets[0]); err == nil || !strings.Contains(err.Error(), "full") {
 		t.Errorf("SetRules with a refusing registrar: %v", err)
@@ -352,4 +387,32 @@ func TestSetRulesRegistersPolicies(t *testing.T) {
 	if got := e.Rules(); len(got) != 2 || got[0] != sets[1][0] {
 		t.Errorf("after a refused swap, rules %v, want the set in force", got)
 	}
+}
+
+// counter is the value of the counter name with the given label values,
+// in the order of its labels' names (outcome before rule).
+func counter(t *testing.T, reg *prometheus.Registry, name string, values ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(values) {
+				continue
+			}
+			for i, l := range m.GetLabel() {
+				if l.GetValue() != values[i] {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }

@@ -23,7 +23,7 @@ func newRuleSet(rs []*rules.Rule, m *metrics) *ruleSet {
 	for _, r := range rs {
 		var ls []*Limit
 		for _, p := range r.Policies() {
-			ls = append(ls, newLimit(r.Name, p, m))
+			ls = append(ls, newLimit(r.Name, r.Name, p, m))
 		}
 		set.limits = append(set.limits, ls)
 	}
@@ -46,7 +46,9 @@ type Limit struct {
 	metrics ruleMetrics
 }
 
-func newLimit(name string, p *algo.Policy, m *metrics) *Limit {
+// newLimit makes a Limit of p under name, counted in the metrics under
+// label.
+func newLimit(name, label string, p *algo.Policy, m *metrics) *Limit {
 	s := p.Spec()
 	return &Limit{
 		Name:   name,
@@ -54,9 +56,9 @@ func newLimit(name string, p *algo.Policy, m *metrics) *Limit {
 		quoted: []byte(`"` + name + `"`),
 		item:   []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, name, s.Limit, ceilSeconds(s.Window, 1))),
 		metrics: ruleMetrics{
-			allowed:      m.decisions.WithLabelValues(name, "allowed"),
-			denied:       m.decisions.WithLabelValues(name, "denied"),
-			shadowDenied: m.decisions.WithLabelValues(name, "shadow_denied"),
+			allowed:      m.decisions.WithLabelValues(label, "allowed"),
+			denied:       m.decisions.WithLabelValues(label, "denied"),
+			shadowDenied: m.decisions.WithLabelValues(label, "shadow_denied"),
 		},
 	}
 }
@@ -79,11 +81,11 @@ type ruleMetrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_requests_total",
-		Help: "Requests decided by the engine (/auth and ext_authz Check) by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
+		Help: "Requests decided by the engine (/auth, ext_authz Check, ShouldRateLimit and /json) by result: allowed, denied, unmatched (no rule applied), allowlisted, blocked, invalid (a bad, missing or repeated key or cost header), unavailable (no decision: 503), error.",
 	}, []string{"result"})
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_decisions_total",
-		Help: "Rule decisions by rule and outcome: allowed, denied, shadow_denied (a shadow rule that would have denied).",
+		Help: "Rule decisions by rule (for ShouldRateLimit, the limit's policy name, or override for every limit Envoy sends) and outcome: allowed, denied, shadow_denied (a shadow rule that would have denied). A rule the deny cache left unasked is not counted.",
 	}, []string{"rule", "outcome"})
 	delay := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "authlimit_shaping_delay_seconds",

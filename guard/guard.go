@@ -458,7 +458,8 @@ func (g *Guard) Ready() (ready bool, detail string) {
 
 // fromDenyCache answers from the deny cache when an enforcing policy's key
 // was denied moments ago and cannot pass yet. Only the cached policy's
-// answer is known; the others consumed nothing and are reported as allowing.
+// answer is known; the others consumed nothing, and are reported as not
+// decided (algo.Result.NotDecided): their state was not read.
 func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.Time) bool {
 	hit := -1
 	ids := g.policies.Load().ids
@@ -482,8 +483,7 @@ func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.T
 	g.metrics.denyCacheHits.Inc()
 	for i := range reqs {
 		if i != hit {
-			c := reqs[i].Policy.Capacity()
-			res[i] = algo.Result{Allowed: true, Limit: c, Remaining: c}
+			res[i] = algo.Result{Allowed: true, Limit: reqs[i].Policy.Capacity(), NotDecided: true}
 		}
 	}
 	return true

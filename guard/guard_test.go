@@ -136,6 +136,18 @@ func (f *fixture) decide(t *testing.T, key string) (algo.Result, bool, error) {
 	return res[0], ok, err
 }
 
+// admitted decides n requests of key and counts those admitted.
+func (f *fixture) admitted(t *testing.T, key string, n int) int {
+	t.Helper()
+	got := 0
+	for i := 0; i < n; i++ {
+		if _, ok, err := f.decide(t, key); err == nil && ok {
+			got++
+		}
+	}
+	return got
+}
+
 func (f *fixture) metric(t *testing.T, name string) float64 {
 	t.Helper()
 	mfs, err := f.reg.Gather()
@@ -375,13 +387,7 @@ func TestMirrorKeepsTheFallbackInStep(t *testing.T) {
 	}
 	f.store.breakShard(1, errDown)
 	// Local limit 10/2 = 5; 4 already admitted by the store.
-	got := 0
-	for i := 0; i < 5; i++ {
-		if _, ok, err := f.decide(t, "a"); err == nil && ok {
-			got++
-		}
-	}
-	if got != 1 {
+	if got := f.admitted(t, "a", 5); got != 1 {
 		t.Errorf("the local fallback admitted %d after the store admitted 4 of its 5, want 1", got)
 	}
 }

@@ -35,13 +35,7 @@ func TestRegisterPoliciesCarriesTheFallbackOver(t *testing.T) {
 	f.p = f.renewed(t, 20) // another pointer again: identity, not pointer, counts
 	f.store.breakShard(1, errDown)
 	// Local limit 20/2 = 10; 4 already admitted by the store.
-	got := 0
-	for i := 0; i < 12; i++ {
-		if _, ok, err := f.decide(t, "a"); err == nil && ok {
-			got++
-		}
-	}
-	if got != 6 {
+	if got := f.admitted(t, "a", 12); got != 6 {
 		t.Errorf("the local fallback admitted %d after the store admitted 4 of its 10, want 6", got)
 	}
 }
@@ -81,13 +75,7 @@ func TestRegisterPoliciesLocalShareFollows(t *testing.T) {
 	}
 	f.p = f.renewed(t, 20)
 	f.store.breakShard(1, errDown)
-	got := 0
-	for i := 0; i < 15; i++ {
-		if _, ok, err := f.decide(t, "a"); err == nil && ok {
-			got++
-		}
-	}
-	if got != 10 {
+	if got := f.admitted(t, "a", 15); got != 10 {
 		t.Errorf("the local fallback admitted %d, want the new policy's share, 10", got)
 	}
 }

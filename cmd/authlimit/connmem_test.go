@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
@@ -33,15 +32,7 @@ const maxBytesPerIdleConn = 16 << 10
 // it is answered. With AUTHLIMIT_MAX_HEADER_BYTES at its 32 KiB default,
 // each held about 41 KB.
 func TestIdleConnectionMemory(t *testing.T) {
-	s, err := loadConfig(map[string]string{"AUTHLIMIT_RULES": "name=r limit=1000000/1m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := newApp(context.Background(), s, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.close)
+	a, s := newTestApp(t, map[string]string{"AUTHLIMIT_RULES": "name=r limit=1000000/1m"})
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

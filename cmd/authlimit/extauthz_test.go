@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -22,15 +21,7 @@ import (
 // through /auth is gone for Check, and Check's denial carries the status,
 // the headers and the body /auth would.
 func TestExtAuthzSharesTheEngine(t *testing.T) {
-	s, err := loadConfig(map[string]string{"AUTHLIMIT_RULES": "name=login key=ip limit=2/1m path=/login"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := newApp(context.Background(), s, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.close)
+	a, s := newTestApp(t, map[string]string{"AUTHLIMIT_RULES": "name=login key=ip limit=2/1m path=/login"})
 	g := grpc.NewServer()
 	if err := registerExtAuthz(g, a, s); err != nil {
 		t.Fatal(err)

@@ -128,7 +128,7 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 // newRLS builds the rate-limit service of cfg. Its metrics replace those of
 // the service it replaces on a reload.
 func (a *app) newRLS(cfg *envoyconf.Config, reg prometheus.Registerer) (*rls.Service, error) {
-	return rls.New(rls.Options{Config: cfg, Decider: a.guard, Registry: replacingRegisterer{reg}, Logger: a.log})
+	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Registry: replacingRegisterer{reg}})
 }
 
 // newRLSReloader reloads AUTHLIMIT_RLS_CONFIG into the service in force.

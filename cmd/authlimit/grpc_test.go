@@ -11,9 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -263,14 +261,7 @@ func moreContract(t *testing.T, c pb.RateLimitServiceClient, id string) {
 // TestRLSBinary runs the built authlimit with the rate-limit service, on
 // both stores, and stops it with SIGTERM.
 func TestRLSBinary(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	bin := filepath.Join(t.TempDir(), "authlimit")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t)
 	cfg := writeFile(t, "rls.yaml", rlsConfig)
 
 	bad := exec.Command(bin, "-check")
@@ -282,69 +273,12 @@ func TestRLSBinary(t *testing.T) {
 	}
 
 	stores(t, func(t *testing.T, env map[string]string) {
-		httpPort, err := redistest.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		grpcPort, err := redistest.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		grpcAddr := "127.0.0.1:" + strconv.Itoa(grpcPort)
-		cmd := exec.Command(bin)
-		cmd.Env = []string{"AUTHLIMIT_LISTEN=127.0.0.1:" + strconv.Itoa(httpPort), "AUTHLIMIT_GRPC_LISTEN=" + grpcAddr, "AUTHLIMIT_RLS_CONFIG=" + cfg}
-		for k, v := range env {
-			cmd.Env = append(cmd.Env, k+"="+v)
-		}
-		var logs bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		stopped := false
-		t.Cleanup(func() {
-			if !stopped {
-				_ = cmd.Process.Kill()
-				<-exited
-			}
-			if t.Failed() {
-				t.Logf("authlimit logs:\n%s", logs.String())
-			}
-		})
-		conn := grpcClient(t, grpcAddr)
-		health := healthpb.NewHealthClient(conn)
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			h, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
-			cancel()
-			if err == nil && h.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("gRPC health never SERVING: %v, %v", h, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		rc := pb.NewRateLimitServiceClient(conn)
+		b := runBinary(t, bin, with(env, "AUTHLIMIT_RLS_CONFIG", cfg))
+		rc := pb.NewRateLimitServiceClient(grpcClient(t, b.grpcAddr))
 		id := fmt.Sprintf("binary-%d", time.Now().UnixNano())
 		twentyPerMinute(t, rc, id)
 		moreContract(t, rc, id)
-
-		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-exited:
-			stopped = true
-			if err != nil {
-				t.Errorf("authlimit exited after SIGTERM: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("authlimit did not exit within 30s of SIGTERM")
-		}
+		b.stop(t)
 	})
 }
 

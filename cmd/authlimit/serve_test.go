@@ -305,18 +305,10 @@ func TestConnectionsAcceptedCounted(t *testing.T) {
 // once (200, Connection: close), well within AUTHLIMIT_SHUTDOWN_TIMEOUT,
 // however long their turn was to come.
 func TestShutdownAdmitsShapedRequestsAtOnce(t *testing.T) {
-	s, err := loadConfig(map[string]string{
+	a, s := newTestApp(t, map[string]string{
 		"AUTHLIMIT_RULES":            "name=smooth key=global limit=1/10s algorithm=leaky_bucket burst=1 delay=1m",
 		"AUTHLIMIT_SHUTDOWN_TIMEOUT": "5s",
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := newApp(context.Background(), s, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.close)
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

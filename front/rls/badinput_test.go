@@ -67,6 +67,7 @@ descriptors:
 				}
 				return ds
 			}()...)}, codes.InvalidArgument, "66 limits apply to the request; the most is 64"},
+			{"one limit twice", &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlDesc{desc("key2", "a"), desc("key3", "b"), desc("key2", "c")}}, codes.InvalidArgument, "descriptors 0 and 2 reach the same limit (another.key2); a request may reach a limit once"},
 			{"override without unit", &pb.RateLimitRequest{Domain: "another", Descriptors: append(many(1), withOverride(desc("key2", "bad"), 5, typepb.RateLimitUnit_UNKNOWN))}, codes.InvalidArgument, "descriptor 1: override: 0 is not a unit"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {

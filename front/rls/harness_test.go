@@ -17,9 +17,11 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/redistest"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // env is a Service behind a real gRPC server on a loopback port, deciding
@@ -114,7 +116,7 @@ func startWith(t *testing.T, kind storeKind, mode guard.FailMode, files ...strin
 		t.Fatalf("guard.Start: %v", err)
 	}
 	t.Cleanup(g.Close)
-	e.svc, err = New(Options{Config: cfg, Decider: g, Registry: e.reg})
+	e.svc, err = New(Options{Config: cfg, Engine: newEngine(t, g, e.reg, false), Registry: e.reg})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -132,6 +134,21 @@ func startWith(t *testing.T, kind storeKind, mode guard.FailMode, files ...strin
 	}
 	t.Cleanup(func() { _ = e.conn.Close() })
 	e.client = pb.NewRateLimitServiceClient(e.conn)
+	return e
+}
+
+// newEngine returns an engine deciding with d, its rules /auth's default
+// (the rate-limit service uses none of them).
+func newEngine(t testing.TB, d decide.Decider, reg prometheus.Registerer, shadow bool) *decide.Engine {
+	t.Helper()
+	rs, err := rules.Parse(rules.Default)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := decide.New(decide.Options{Rules: rs, Decider: d, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Shadow: shadow, Registry: reg})
+	if err != nil {
+		t.Fatalf("decide.New: %v", err)
+	}
 	return e
 }
 

@@ -1,19 +1,30 @@
 // Package rls answers Envoy's global rate-limit service,
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, and
 // envoyproxy/ratelimit's POST /json, from an envoyproxy/ratelimit
-// configuration (package envoyconf). It translates every descriptor of a
-// request into algo.Requests and decides them all in one call, all or
-// nothing, through the same Decider as /auth: the stores, fail modes and
-// deny cache are shared.
+// configuration (package envoyconf). It is a front of the decision engine
+// (package decide), as /auth and Check are: it translates every descriptor
+// of a request into the limits that apply to it and asks the engine to
+// decide them all in one call, all or nothing (DecideLimits); the engine
+// applies the fail modes, counts the metrics and works out the results, the
+// most restrictive limit, Retry-After and the rate-limit headers. This
+// package translates the engine's outcome back into one status per
+// descriptor.
+//
+// A descriptor's status describes the limit of that descriptor that decided
+// the request: a limit of 0 first, then an enforcing limit that denied, then
+// the one with the fewest remaining. A descriptor with no limit, or whose
+// limits were not asked, is OK without a current limit: a hits_addend of
+// 0, a limit of 0 elsewhere in the request (which denies it before the
+// store is asked), or a denial the guard's deny cache answered for another
+// descriptor, which leaves the others' counts unread (and unchanged: a
+// denied request consumes nothing).
 package rls
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
 	"math"
-	"strconv"
+	"sync"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -26,15 +37,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
-	"github.com/authlimit/authlimit/guard"
 )
-
-// Decider decides the policies of one request atomically: a guard.Guard.
-// guard.ErrFailedOpen and guard.ErrUnavailable are answers too.
-type Decider interface {
-	Decide(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error)
-}
 
 // Bounds on a request, beyond which it is refused with InvalidArgument
 // before anything is decided.
@@ -45,16 +50,19 @@ const (
 	MaxEntries = 64
 )
 
+// overrideLabel is the metrics' rule label of every limit Envoy sends with
+// a descriptor: there may be up to envoyconf.MaxOverrides of them.
+const overrideLabel = "override"
+
 // Options configure a Service.
 type Options struct {
 	// Config is the envoyproxy/ratelimit configuration. Required.
 	Config *envoyconf.Config
-	// Decider decides. Required.
-	Decider Decider
+	// Engine decides. Required. Its Decider must know the configuration's
+	// policies (Config.Policies).
+	Engine *decide.Engine
 	// Registry receives the metrics.
 	Registry prometheus.Registerer
-	// Logger logs failed decisions.
-	Logger *slog.Logger
 	// Clock returns the current time. Default time.Now.
 	Clock func() time.Time
 }
@@ -62,36 +70,59 @@ type Options struct {
 // Service is the rate-limit service.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
-	config  *envoyconf.Config
-	decider Decider
-	metrics *metrics
-	log     *slog.Logger
-	clock   func() time.Time
+	config *envoyconf.Config
+	engine *decide.Engine
+	// limits are the configured limits' engine limits, built once;
+	// overrides those of the overrides, built on first use (at most
+	// envoyconf.MaxOverrides: Config.Override returns one Limit per
+	// distinct override).
+	limits    map[*envoyconf.Limit]*decide.Limit
+	overrides sync.Map // *envoyconf.Limit → *decide.Limit
+	metrics   *metrics
+	clock     func() time.Time
+	scratch   sync.Pool // *scratch
 }
 
 // New returns a Service.
 func New(opts Options) (*Service, error) {
-	if opts.Config == nil || opts.Decider == nil {
-		return nil, errors.New("rls: a configuration and a decider are required")
+	if opts.Config == nil || opts.Engine == nil {
+		return nil, errors.New("rls: a configuration and an engine are required")
 	}
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	m, err := newMetrics(opts.Registry, opts.Config)
+	m, err := newMetrics(opts.Registry)
 	if err != nil {
 		return nil, err
 	}
-	return &Service{config: opts.Config, decider: opts.Decider, metrics: m, log: opts.Logger, clock: opts.Clock}, nil
+	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock}
+	for _, l := range opts.Config.Limits() {
+		if l.Policy != nil {
+			s.limits[l] = opts.Engine.NewLimit(l.Policy.Name(), l.Policy)
+		}
+	}
+	s.scratch.New = func() any { return new(scratch) }
+	return s, nil
 }
 
 // Register serves the service on s.
 func (s *Service) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
+
+// limit returns l's engine limit. An override's is made on first use and
+// counts under one metrics label; its name in the headers is its policy's.
+func (s *Service) limit(l *envoyconf.Limit) *decide.Limit {
+	if d, ok := s.limits[l]; ok {
+		return d
+	}
+	if d, ok := s.overrides.Load(l); ok {
+		return d.(*decide.Limit)
+	}
+	d, _ := s.overrides.LoadOrStore(l, s.engine.NewLimitCountedAs(l.Policy.Name(), overrideLabel, l.Policy))
+	return d.(*decide.Limit)
+}
 
 // applied is one limit applied to one descriptor of a request.
 type applied struct {
@@ -100,62 +131,113 @@ type applied struct {
 	req   int // index in the decision's requests; -1 when not decided
 }
 
+// scratch is the memory one request works in, pooled.
+type scratch struct {
+	apps    []applied
+	reqs    []decide.LimitRequest
+	spans   []span // reqs[i].Key is keys[spans[i]]
+	keys    []byte
+	entries []envoyconf.Entry
+	out     decide.Outcome
+}
+
+type span struct{ from, to int }
+
+func (sc *scratch) reset() {
+	sc.apps, sc.reqs, sc.spans, sc.keys, sc.entries = sc.apps[:0], sc.reqs[:0], sc.spans[:0], sc.keys[:0], sc.entries[:0]
+}
+
+// release pools sc without the request's strings and limits.
+func (s *Service) release(sc *scratch) {
+	clear(sc.entries[:cap(sc.entries)])
+	clear(sc.apps[:cap(sc.apps)])
+	clear(sc.reqs[:cap(sc.reqs)])
+	s.scratch.Put(sc)
+}
+
 // ShouldRateLimit decides a request's descriptors, all or nothing.
 func (s *Service) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
-	resp, err := s.decide(ctx, r)
-	if err != nil {
-		s.metrics.count(err)
-	}
+	resp, failedOpen, err := s.decide(ctx, r)
+	s.metrics.count(resp, failedOpen, err)
 	return resp, err
 }
 
-func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+// decide answers r; failedOpen reports an answer of the fail mode.
+func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (resp *pb.RateLimitResponse, failedOpen bool, err error) {
 	switch {
 	case r.GetDomain() == "":
-		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+		return nil, false, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
 	case len(r.GetDescriptors()) == 0:
-		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+		return nil, false, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	case len(r.GetDescriptors()) > MaxDescriptors:
-		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors; the most is %d", len(r.GetDescriptors()), MaxDescriptors)
+		return nil, false, status.Errorf(codes.InvalidArgument, "%d descriptors; the most is %d", len(r.GetDescriptors()), MaxDescriptors)
 	}
 	now := s.clock()
-	var (
-		apps    []applied
-		reqs    []algo.Request
-		keys    []byte
-		spans   [][2]int
-		entries []envoyconf.Entry
-		denyAll = -1 // an enforcing limit of 0 per unit: the request is denied
-	)
+	sc := s.scratch.Get().(*scratch)
+	defer s.release(sc)
+	sc.reset()
+	if err := s.translate(r, sc); err != nil {
+		return nil, false, err
+	}
+	denyAll := false // an enforcing limit of 0 per unit denies the request
+	for _, a := range sc.apps {
+		denyAll = denyAll || a.limit.DeniesAll() && !a.limit.Shadow && !s.engine.Shadow()
+	}
+	if denyAll {
+		// Denied whatever the store says: nothing is asked or counted.
+		return s.respond(r, sc, nil, now), false, nil
+	}
+	for i, sp := range sc.spans {
+		sc.reqs[i].Key = sc.keys[sp.from:sp.to]
+	}
+	// The caller's deadline does not bound the decision: the store's own
+	// budget does. A caller choosing a deadline too short for any store
+	// would otherwise count as the store failing, and could open the
+	// circuit for everyone.
+	out := &sc.out
+	s.engine.DecideLimits(context.WithoutCancel(ctx), sc.reqs, out)
+	switch out.Verdict {
+	case decide.Allow, decide.Deny, decide.Unmatched:
+		return s.respond(r, sc, out, now), false, nil
+	case decide.FailedOpen:
+		return openResponse(r, sc.apps), true, nil
+	case decide.Unavailable:
+		return nil, false, status.Error(codes.Unavailable, "the rate-limit store could not decide; retry shortly")
+	case decide.Invalid:
+		return nil, false, status.Error(codes.InvalidArgument, out.Detail)
+	}
+	return nil, false, status.Error(codes.Internal, "the decision failed")
+}
+
+// translate finds the limits that apply to each descriptor of r, with
+// their keys and costs, into sc: sc.apps, and sc.reqs for those the engine
+// decides. A limit named in another's replaces is dropped, as in
+// envoyproxy/ratelimit: not decided, not counted.
+func (s *Service) translate(r *pb.RateLimitRequest, sc *scratch) error {
 	var replaced map[string]bool // made by the first replaces
 	for i, d := range r.GetDescriptors() {
 		if d == nil {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d is null", i)
+			return status.Errorf(codes.InvalidArgument, "descriptor %d is null", i)
 		}
 		if len(d.GetEntries()) > MaxEntries {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries; the most is %d", i, len(d.GetEntries()), MaxEntries)
+			return status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries; the most is %d", i, len(d.GetEntries()), MaxEntries)
 		}
-		entries = entries[:0]
+		sc.entries = sc.entries[:0]
 		for _, e := range d.GetEntries() {
-			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
+			sc.entries = append(sc.entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
+		from := len(sc.keys)
 		var limits []*envoyconf.Limit
-		var key []byte
 		if o := d.GetLimit(); o != nil && s.config.HasDomain(r.GetDomain()) {
 			l, err := s.config.Override(o.GetRequestsPerUnit(), envoyconf.Unit(o.GetUnit()))
 			if err != nil {
-				return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+				return status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 			}
 			limits = []*envoyconf.Limit{l}
-			key = envoyconf.AppendOverrideKey(nil, r.GetDomain(), entries, l)
+			sc.keys = envoyconf.AppendOverrideKey(sc.keys, r.GetDomain(), sc.entries, l)
 		} else {
-			limits, key = s.config.Match(r.GetDomain(), entries, nil)
+			limits, sc.keys = s.config.Match(r.GetDomain(), sc.entries, sc.keys)
 		}
-		if len(limits) == 0 {
-			continue
-		}
-		from := len(keys)
-		keys = algo.AppendTag(keys, key)
 		cost := requestCost(r, d)
 		for _, l := range limits {
 			for _, name := range l.Replaces {
@@ -166,76 +248,42 @@ func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateL
 			}
 			a := applied{desc: i, limit: l, req: -1}
 			if l.Policy != nil && cost > 0 {
-				a.req = len(reqs)
-				reqs = append(reqs, algo.Request{Policy: l.Policy, Cost: cost, Shadow: l.Shadow})
-				spans = append(spans, [2]int{from, len(keys)})
+				a.req = len(sc.reqs)
+				sc.reqs = append(sc.reqs, decide.LimitRequest{Limit: s.limit(l), Cost: cost, Shadow: l.Shadow})
+				sc.spans = append(sc.spans, span{from, len(sc.keys)})
 			}
-			apps = append(apps, a)
+			sc.apps = append(sc.apps, a)
 		}
 	}
-	// A limit named in another's replaces is dropped, as in
-	// envoyproxy/ratelimit: not decided, not counted.
 	if len(replaced) > 0 {
-		kept, kreqs, kspans := apps[:0], reqs[:0:0], spans[:0:0]
-		for _, a := range apps {
+		apps, reqs, spans := sc.apps[:0], sc.reqs[:0], sc.spans[:0]
+		for _, a := range sc.apps {
 			if a.limit.Name != "" && replaced[a.limit.Name] {
 				continue
 			}
 			if a.req >= 0 {
-				kreqs = append(kreqs, reqs[a.req])
-				kspans = append(kspans, spans[a.req])
-				a.req = len(kreqs) - 1
+				// In place: a kept request moves down, never up.
+				reqs = append(reqs, sc.reqs[a.req])
+				spans = append(spans, sc.spans[a.req])
+				a.req = len(reqs) - 1
 			}
-			kept = append(kept, a)
+			apps = append(apps, a)
 		}
-		apps, reqs, spans = kept, kreqs, kspans
+		sc.apps, sc.reqs, sc.spans = apps, reqs, spans
 	}
-	for i, a := range apps {
-		if a.limit.DeniesAll() && !a.limit.Shadow && denyAll < 0 {
-			denyAll = i
+	if len(sc.reqs) > algo.MaxRules {
+		return status.Errorf(codes.InvalidArgument, "%d limits apply to the request; the most is %d", len(sc.reqs), algo.MaxRules)
+	}
+	// A store decides a policy once per decision: two descriptors that
+	// reach one configured limit cannot be decided together.
+	for i, a := range sc.apps {
+		for _, b := range sc.apps[:i] {
+			if a.req >= 0 && b.req >= 0 && a.limit == b.limit {
+				return status.Errorf(codes.InvalidArgument, "descriptors %d and %d reach the same limit (%s); a request may reach a limit once", b.desc, a.desc, a.limit.Key)
+			}
 		}
 	}
-	if len(reqs) > algo.MaxRules {
-		return nil, status.Errorf(codes.InvalidArgument, "%d limits apply to the request; the most is %d", len(reqs), algo.MaxRules)
-	}
-	for i, sp := range spans {
-		reqs[i].Key = keys[sp[0]:sp[1]]
-	}
-
-	res := make([]algo.Result, len(reqs))
-	admitted, decided := true, false
-	switch {
-	case denyAll >= 0:
-		// Denied whatever the store says: nothing is counted.
-		admitted = false
-	case len(reqs) > 0:
-		// The caller's deadline does not bound the decision: the store's
-		// own budget does. A caller choosing a deadline too short for any
-		// store would otherwise count as the store failing, and could open
-		// the circuit for everyone.
-		ok, err := s.decider.Decide(context.WithoutCancel(ctx), reqs, res)
-		switch {
-		case errors.Is(err, guard.ErrFailedOpen):
-			s.metrics.failedOpen.Inc()
-			return s.failedOpen(r, apps), nil
-		case errors.Is(err, guard.ErrUnavailable):
-			return nil, status.Error(codes.Unavailable, "the rate-limit store could not decide; retry shortly")
-		case errors.Is(err, algo.ErrInvalid):
-			return nil, status.Errorf(codes.InvalidArgument, "%v", err)
-		case err != nil:
-			s.log.Error("rls decide", "err", err)
-			return nil, status.Error(codes.Internal, "the decision failed")
-		}
-		admitted, decided = ok, true
-	}
-	resp := s.respond(r, apps, reqs, res, admitted, decided, now)
-	s.metrics.record(apps, reqs, res, decided)
-	if resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT {
-		s.metrics.overLimit.Inc()
-	} else {
-		s.metrics.ok.Inc()
-	}
-	return resp, nil
+	return nil
 }
 
 // requestCost is what a descriptor adds: its own hits_addend, else the
@@ -251,17 +299,23 @@ func requestCost(r *pb.RateLimitRequest, d *rlpb.RateLimitDescriptor) int64 {
 	return int64(min(n, algo.MaxLimit))
 }
 
-// respond answers a decision: one status per descriptor, in order, and the
-// rate-limit headers.
-func (s *Service) respond(r *pb.RateLimitRequest, apps []applied, reqs []algo.Request, res []algo.Result, admitted, decided bool, now time.Time) *pb.RateLimitResponse {
+// respond answers a decision (out), or a denial by a limit of 0 (out nil):
+// one status per descriptor, in order, and the engine's rate-limit
+// headers.
+func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outcome, now time.Time) *pb.RateLimitResponse {
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(r.GetDescriptors()))}
+	var res []decide.Result
+	if out != nil {
+		res = out.Results
+	}
 	// best[i] is the application that describes descriptor i.
-	best := make([]int, len(resp.Statuses))
+	var bestBuf [MaxDescriptors]int
+	best := bestBuf[:len(resp.Statuses)]
 	for i := range best {
 		best[i] = -1
 	}
-	for i, a := range apps {
-		if b := best[a.desc]; b < 0 || describesBetter(a, apps[b], reqs, res) {
+	for i, a := range sc.apps {
+		if b := best[a.desc]; b < 0 || s.rank(a, res) < s.rank(sc.apps[b], res) {
 			best[a.desc] = i
 		}
 	}
@@ -272,7 +326,7 @@ func (s *Service) respond(r *pb.RateLimitRequest, apps []applied, reqs []algo.Re
 		if b < 0 {
 			continue // no limit: OK, as envoyproxy/ratelimit answers
 		}
-		a := apps[b]
+		a := sc.apps[b]
 		l := a.limit
 		switch {
 		case l.Unlimited:
@@ -281,13 +335,12 @@ func (s *Service) respond(r *pb.RateLimitRequest, apps []applied, reqs []algo.Re
 		case l.DeniesAll():
 			st.CurrentLimit = currentLimit(l)
 			st.DurationUntilReset = durationpb.New(untilWindowEnd(l.Unit, now))
-			if !l.Shadow {
+			if !l.Shadow && !s.engine.Shadow() {
 				st.Code = pb.RateLimitResponse_OVER_LIMIT
 			}
 			continue
-		case a.req < 0 || !decided:
-			// Not decided: a hits_addend of 0, or another limit denied
-			// every request of this kind before the store was asked.
+		case a.req < 0 || res == nil || res[a.req].NotDecided:
+			// Not decided: see the package's documentation.
 			continue
 		}
 		q := res[a.req]
@@ -298,7 +351,7 @@ func (s *Service) respond(r *pb.RateLimitRequest, apps []applied, reqs []algo.Re
 			reset = q.RetryAfter
 		}
 		st.DurationUntilReset = durationpb.New(reset.Round(time.Second))
-		if !q.Allowed && !l.Shadow {
+		if !q.Allowed && !q.Shadow {
 			st.Code = pb.RateLimitResponse_OVER_LIMIT
 		}
 	}
@@ -307,33 +360,35 @@ func (s *Service) respond(r *pb.RateLimitRequest, apps []applied, reqs []algo.Re
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 		}
 	}
-	if !admitted && resp.OverallCode != pb.RateLimitResponse_OVER_LIMIT {
-		// Cannot happen: a denial has a denying enforcing limit.
+	if out == nil {
+		return resp
+	}
+	if !out.Verdict.Admitted() {
+		// A denial has a denying enforcing limit, whose status says so.
 		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 	}
-	if decided {
-		resp.ResponseHeadersToAdd = headers(apps, reqs, res, admitted, now)
+	if len(out.Headers) > 0 {
+		resp.ResponseHeadersToAdd = make([]*core.HeaderValue, len(out.Headers))
+		for i, h := range out.Headers {
+			resp.ResponseHeadersToAdd[i] = &core.HeaderValue{Key: string(h.Name), Value: string(h.Value)}
+		}
 	}
 	return resp
 }
 
-// describesBetter orders the limits of one descriptor for its status: a
-// limit of 0 first, then an enforcing denial, then the fewest remaining.
-func describesBetter(a, b applied, reqs []algo.Request, res []algo.Result) bool {
-	rank := func(x applied) (int, int64) {
-		switch {
-		case x.limit.DeniesAll() && !x.limit.Shadow:
-			return 0, 0
-		case x.req >= 0 && !res[x.req].Allowed && !x.limit.Shadow:
-			return 1, 0
-		case x.req >= 0:
-			return 2, res[x.req].Remaining
-		}
-		return 3, 0
+// rank orders the limits of one descriptor for its status, lowest first:
+// a limit of 0, then an enforcing denial, then the fewest remaining, then
+// one that was not decided.
+func (s *Service) rank(a applied, res []decide.Result) int64 {
+	switch {
+	case a.limit.DeniesAll() && !a.limit.Shadow && !s.engine.Shadow():
+		return -2
+	case a.req < 0 || res == nil || res[a.req].NotDecided:
+		return math.MaxInt64
+	case !res[a.req].Allowed && !res[a.req].Shadow:
+		return -1
 	}
-	ra, qa := rank(a)
-	rb, qb := rank(b)
-	return ra < rb || ra == rb && qa < qb
+	return res[a.req].Remaining
 }
 
 func currentLimit(l *envoyconf.Limit) *pb.RateLimitResponse_RateLimit {
@@ -347,9 +402,9 @@ func untilWindowEnd(u envoyconf.Unit, now time.Time) time.Duration {
 	return time.Duration(w-now.Unix()%w) * time.Second
 }
 
-// failedOpen answers when the store cannot decide and the fail mode
+// openResponse answers when the store cannot decide and the fail mode
 // admits: OK for every descriptor, without counts.
-func (s *Service) failedOpen(r *pb.RateLimitRequest, apps []applied) *pb.RateLimitResponse {
+func openResponse(r *pb.RateLimitRequest, apps []applied) *pb.RateLimitResponse {
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(r.GetDescriptors()))}
 	for i := range resp.Statuses {
 		resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
@@ -360,70 +415,4 @@ func (s *Service) failedOpen(r *pb.RateLimitRequest, apps []applied) *pb.RateLim
 		}
 	}
 	return resp
-}
-
-// headers are the rate-limit headers /auth answers with, for the enforcing
-// limits decided: RateLimit-Policy for each, X-RateLimit-Limit, -Remaining,
-// -Reset and RateLimit for the most restrictive, and Retry-After on a
-// denial.
-func headers(apps []applied, reqs []algo.Request, res []algo.Result, admitted bool, now time.Time) []*core.HeaderValue {
-	most := -1
-	var policy []byte
-	for _, a := range apps {
-		if a.req < 0 || a.limit.Shadow {
-			continue
-		}
-		p := a.limit.Policy
-		if len(policy) > 0 {
-			policy = append(policy, ", "...)
-		}
-		policy = fmt.Appendf(policy, `"%s";q=%d;w=%d`, p.Name(), p.Spec().Limit, ceilSeconds(p.Spec().Window, 1))
-		if most < 0 || moreRestrictive(res[a.req], res[most], admitted) {
-			most = a.req
-		}
-	}
-	if most < 0 {
-		return nil
-	}
-	r := res[most]
-	hs := []*core.HeaderValue{
-		{Key: "RateLimit-Policy", Value: string(policy)},
-		{Key: "X-RateLimit-Limit", Value: strconv.FormatInt(r.Limit, 10)},
-		{Key: "X-RateLimit-Remaining", Value: strconv.FormatInt(r.Remaining, 10)},
-		{Key: "X-RateLimit-Reset", Value: strconv.FormatInt(ceilSeconds(time.Duration(now.UnixNano())+r.ResetAfter, 0), 10)},
-		{Key: "RateLimit", Value: fmt.Sprintf(`"%s";r=%d;t=%d`, reqs[most].Policy.Name(), r.Remaining, ceilSeconds(r.ResetAfter, 0))},
-	}
-	if !admitted {
-		var retry time.Duration
-		for i, q := range res {
-			if !q.Allowed && !reqs[i].Shadow {
-				retry = max(retry, q.RetryAfter)
-			}
-		}
-		if retry > 0 {
-			hs = append(hs, &core.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ceilSeconds(retry, 1), 10)})
-		}
-	}
-	return hs
-}
-
-// moreRestrictive orders limits for the headers as /auth orders rules: on
-// a denial, a denying limit over an allowing one, then the longer wait;
-// otherwise fewer remaining, then the later reset.
-func moreRestrictive(a, b algo.Result, admitted bool) bool {
-	if !admitted && a.Allowed != b.Allowed {
-		return !a.Allowed
-	}
-	if !admitted && !a.Allowed && a.RetryAfter != b.RetryAfter {
-		return a.RetryAfter > b.RetryAfter
-	}
-	if a.Remaining != b.Remaining {
-		return a.Remaining < b.Remaining
-	}
-	return a.ResetAfter > b.ResetAfter
-}
-
-// ceilSeconds rounds d up to whole seconds, at least floor.
-func ceilSeconds(d time.Duration, floor int64) int64 {
-	return max(int64((d+time.Second-1)/time.Second), floor)
 }
