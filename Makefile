@@ -38,7 +38,7 @@ test: lint
 # HAProxy (see e2e/README.md for what it needs; the first run builds
 # Traefik).
 e2e:
-	$(GO) test -tags e2e -count=1 -timeout 30m -v ./e2e/...
+	$(GO) test -tags e2e -count=1 -timeout 60m -v ./e2e/...
 
 # bench builds authlimit and the harness in bench/, runs every system under
 # every workload at 1, 4, 16, 50 and 500 connections (3 rounds, systems
