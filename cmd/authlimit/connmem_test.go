@@ -95,17 +95,22 @@ func TestIdleConnectionMemory(t *testing.T) {
 	waitFor(t, "every closed connection gone", func() bool {
 		return connsIn(l, connSilent)+connsIn(l, connSpoke) == 1
 	})
+	// A few hundred bytes a connection is noise: the heap's other users
+	// (timers, the metrics, the runtime) move that much between two
+	// collections on a busy machine. What must go is the ~8 KB a
+	// connection holds, and never the ~41 KB its buffers once took.
+	const freed = 4 << 10
 	var left int64
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		// Serving goroutines end a moment after their connections.
 		left = (int64(memInUse()) - int64(before)) / n
-		if left <= 1<<10*raceFactor || time.Now().After(deadline) {
+		if left <= freed*raceFactor || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if left > 1<<10*raceFactor {
+	if left > freed*raceFactor {
 		t.Errorf("after the connections closed, %d bytes each are still held", left)
 	}
 }
