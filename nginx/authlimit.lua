@@ -283,22 +283,23 @@ local function build(c)
     -- repeat past it would go unseen).
     local headers = ngx.req.get_headers(0)
     for name, value in pairs(headers) do
-        -- nginx takes only token names unless ignore_invalid_headers is
-        -- off; anything else could not be passed on as it came.
-        if find(name, "[^%w!#$%%&'*+.^_`|~-]") then
-            return nil
-        end
         if not dropped[name] then
+            -- nginx takes only token names unless ignore_invalid_headers
+            -- is off; anything else could not be passed on as it came.
+            -- (A dropped name is a token.)
+            if find(name, "[^%w!#$%%&'*+.^_`|~-]") then
+                return nil
+            end
             if type(value) == "table" then
                 for _, v in ipairs(value) do
-                    if find(v, "[\r\n]") then
+                    if find(v, "\n", 1, true) or find(v, "\r", 1, true) then
                         return nil
                     end
                     req[n + 1], req[n + 2], req[n + 3], req[n + 4] = name, ": ", v, "\r\n"
                     n = n + 4
                 end
             else
-                if find(value, "[\r\n]") then
+                if find(value, "\n", 1, true) or find(value, "\r", 1, true) then
                     return nil
                 end
                 req[n + 1], req[n + 2], req[n + 3], req[n + 4] = name, ": ", value, "\r\n"
