@@ -99,12 +99,14 @@
 --
 -- A bad answer is one that is not HTTP/1.x with a status from 200 to 599;
 -- has a header line without a colon, a folded line, more than 100 header
--- lines or a line over 8192 bytes; a Content-Length that is not digits, or
--- two that differ; a Transfer-Encoding other than chunked, or both; a
--- chunk size that is not hex; or a body over max_body. Such a connection
--- is closed, never reused. An answer without a length is read until
--- authlimit closes the connection. A connection that authlimit closed
--- while idle in the pool is replaced once, before any answer was read.
+-- lines, a line over 8192 bytes or a CR inside a line (each line ends in
+-- CRLF or LF); a Content-Length that is not digits, or two that differ; a
+-- Transfer-Encoding other than chunked, or both; a chunk size that is not
+-- hex; or a body over max_body. Such a connection is closed, never
+-- reused, and so is one on which authlimit sent more than its answer. An
+-- answer without a length is read until authlimit closes the connection.
+-- A connection that authlimit closed while idle in the pool is replaced
+-- once, before any answer was read.
 
 local ngx = ngx
 local tcp = ngx.socket.tcp
