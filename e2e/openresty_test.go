@@ -272,7 +272,8 @@ const denialBody = `{"type":"urn:authlimit:rate-limited","title":"Too Many Reque
 // with its rate-limit headers. Malformed ones, a connection closed or
 // silent, fail as unreachable: 503 with $authlimit_unreachable closed, the
 // backend with open. A connection that gave a bad answer is never used
-// again, and good answers keep theirs.
+// again, nor one whose answer ends it (Connection: close, HTTP/1.0, bytes
+// after the answer), and good answers keep theirs.
 func TestOpenRestyAnswers(t *testing.T) {
 	chunkedDenial := "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/problem+json\r\nRetry-After: 7\r\n" +
 		"X-RateLimit-Remaining: 0\r\nTransfer-Encoding: chunked\r\n\r\n" +
@@ -296,6 +297,11 @@ func TestOpenRestyAnswers(t *testing.T) {
 		{"/allowed", raw(allowed), 200, "41"},
 		{"/byte-allowed", byteByByte(allowed), 200, "41"},
 		{"/chunked-allowed", raw("HTTP/1.1 204 No Content\r\nX-RateLimit-Remaining: 41\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), 200, "41"},
+		// Lines may end in a bare LF.
+		{"/lf-only", raw("HTTP/1.1 200 OK\nX-RateLimit-Remaining: 41\nContent-Length: 0\n\n"), 200, "41"},
+		// Bytes after the answer: it is relayed, and the connection
+		// closed, so the next request never reads them as its answer.
+		{"/extra-bytes-close", raw(allowed + "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n"), 200, "41"},
 		{"/unavailable", raw("HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/problem+json\r\nContent-Length: 2\r\n\r\n{}"), 503, ""},
 
 		{"/not-http", rawThenClose("SSH-2.0-OpenSSH\r\n\r\n"), 0, ""},
@@ -306,6 +312,7 @@ func TestOpenRestyAnswers(t *testing.T) {
 		{"/status-600", raw("HTTP/1.1 600 What\r\nContent-Length: 0\r\n\r\n"), 0, ""},
 		{"/no-colon", raw("HTTP/1.1 200 OK\r\nX-RateLimit-Remaining 5\r\nContent-Length: 0\r\n\r\n"), 0, ""},
 		{"/bad-name", raw("HTTP/1.1 200 OK\r\nX Rate: 5\r\nContent-Length: 0\r\n\r\n"), 0, ""},
+		{"/cr-in-line", raw("HTTP/1.1 200 OK\r\nX-RateLimit-Remaining: 4\r1\r\nContent-Length: 0\r\n\r\n"), 0, ""},
 		{"/folded", raw("HTTP/1.1 200 OK\r\nX-RateLimit-Remaining: 5\r\n 6\r\nContent-Length: 0\r\n\r\n"), 0, ""},
 		{"/many-headers", raw("HTTP/1.1 200 OK\r\n" + strings.Repeat("X-A: b\r\n", 101) + "Content-Length: 0\r\n\r\n"), 0, ""},
 		{"/long-line", raw("HTTP/1.1 200 OK\r\nX-A: " + strings.Repeat("b", 9000) + "\r\nContent-Length: 0\r\n\r\n"), 0, ""},
@@ -392,6 +399,9 @@ func TestOpenRestyAnswers(t *testing.T) {
 				}
 				if tc.relayed == 0 && auth.connections() == before {
 					t.Errorf("after the bad answer to %s, nginx kept using its connection", tc.path)
+				}
+				if tc.relayed != 0 && strings.Contains(tc.path, "close") && auth.connections() == before {
+					t.Errorf("after the answer to %s, which ends its connection, nginx kept using it", tc.path)
 				}
 			}
 			// Good answers kept their connections: one per bad

@@ -99,12 +99,14 @@
 --
 -- A bad answer is one that is not HTTP/1.x with a status from 200 to 599;
 -- has a header line without a colon, a folded line, more than 100 header
--- lines or a line over 8192 bytes; a Content-Length that is not digits, or
--- two that differ; a Transfer-Encoding other than chunked, or both; a
--- chunk size that is not hex; or a body over max_body. Such a connection
--- is closed, never reused. An answer without a length is read until
--- authlimit closes the connection. A connection that authlimit closed
--- while idle in the pool is replaced once, before any answer was read.
+-- lines, a line over 8192 bytes or a CR inside a line (each line ends in
+-- CRLF or LF); a Content-Length that is not digits, or two that differ; a
+-- Transfer-Encoding other than chunked, or both; a chunk size that is not
+-- hex; or a body over max_body. Such a connection is closed, never
+-- reused, and so is one on which authlimit sent more than its answer. An
+-- answer without a length is read until authlimit closes the connection.
+-- A connection that authlimit closed while idle in the pool is replaced
+-- once, before any answer was read.
 
 local ngx = ngx
 local tcp = ngx.socket.tcp
@@ -118,6 +120,16 @@ local _M = { _VERSION = "1.0" }
 -- with a denial.
 local relayed = { "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit" }
 local denial_only = { "Retry-After", "Content-Type" }
+-- The same, each name beside its lower case form (as read_answer keeps
+-- names), for the loops of access.
+local relayed_pairs, denial_pairs = {}, {}
+for _, name in ipairs(relayed) do
+    relayed_pairs[#relayed_pairs + 1] = { name, string.lower(name) }
+    denial_pairs[#denial_pairs + 1] = { name, string.lower(name) }
+end
+for _, name in ipairs(denial_only) do
+    denial_pairs[#denial_pairs + 1] = { name, string.lower(name) }
+end
 
 -- Request headers never passed from the client: the ones stated here, the
 -- ones authlimit might be configured to read the original request from,
@@ -273,22 +285,23 @@ local function build(c)
     -- repeat past it would go unseen).
     local headers = ngx.req.get_headers(0)
     for name, value in pairs(headers) do
-        -- nginx takes only token names unless ignore_invalid_headers is
-        -- off; anything else could not be passed on as it came.
-        if find(name, "[^%w!#$%%&'*+.^_`|~-]") then
-            return nil
-        end
         if not dropped[name] then
+            -- nginx takes only token names unless ignore_invalid_headers
+            -- is off; anything else could not be passed on as it came.
+            -- (A dropped name is a token.)
+            if find(name, "[^%w!#$%%&'*+.^_`|~-]") then
+                return nil
+            end
             if type(value) == "table" then
                 for _, v in ipairs(value) do
-                    if find(v, "[\r\n]") then
+                    if find(v, "\n", 1, true) or find(v, "\r", 1, true) then
                         return nil
                     end
                     req[n + 1], req[n + 2], req[n + 3], req[n + 4] = name, ": ", v, "\r\n"
                     n = n + 4
                 end
             else
-                if find(value, "[\r\n]") then
+                if find(value, "\n", 1, true) or find(value, "\r", 1, true) then
                     return nil
                 end
                 req[n + 1], req[n + 2], req[n + 3], req[n + 4] = name, ": ", value, "\r\n"
@@ -300,23 +313,77 @@ local function build(c)
     return req
 end
 
--- read_line reads one line (without its CRLF) of at most max_line bytes.
-local function read_line(sock)
-    local line, err = sock:receive("*l")
+-- The largest header block read: max_header_lines lines of max_line bytes,
+-- the status line and the line ends. Past it the answer is bad whatever
+-- it holds.
+local max_head = (max_header_lines + 2) * (max_line + 2)
+
+-- A reader hands out an answer's bytes: first the ones left over after the
+-- header block (buf, from pos on), then the socket's. Only a chunked body
+-- or one read until the connection closes needs one.
+local function reader(sock, buf, pos)
+    return { sock = sock, buf = buf, pos = pos }
+end
+
+-- take returns up to n bytes the reader has buffered, or nil if none.
+local function take(r, n)
+    local left = #r.buf - r.pos + 1
+    if left <= 0 then
+        return nil
+    end
+    if n > left then
+        n = left
+    end
+    local data = sub(r.buf, r.pos, r.pos + n - 1)
+    r.pos = r.pos + n
+    return data
+end
+
+-- read_line reads one line (without its LF and any CR) of at most
+-- max_line bytes.
+local function read_line(r)
+    local left = #r.buf - r.pos + 1
+    if left > 0 then
+        local lf = find(r.buf, "\n", r.pos, true)
+        if lf then
+            local line = sub(r.buf, r.pos, lf - 1)
+            r.pos = lf + 1
+            if #line > max_line then
+                return nil, "a line over " .. max_line .. " bytes"
+            end
+            return (line:gsub("\r", ""))
+        end
+    end
+    local head = take(r, left) or ""
+    local line, err = r.sock:receive("*l")
     if not line then
         return nil, err
     end
+    line = head:gsub("\r", "") .. line
     if #line > max_line then
         return nil, "a line over " .. max_line .. " bytes"
     end
     return line
 end
 
+-- read_bytes reads exactly n bytes.
+local function read_bytes(r, n)
+    local head = take(r, n) or ""
+    if #head == n then
+        return head
+    end
+    local data, err = r.sock:receive(n - #head)
+    if not data then
+        return nil, err
+    end
+    return head .. data
+end
+
 -- read_chunked reads a chunked body of at most max bytes and its trailer.
-local function read_chunked(sock, max)
+local function read_chunked(r, max)
     local parts, total = {}, 0
     while true do
-        local line, err = read_line(sock)
+        local line, err = read_line(r)
         if not line then
             return nil, "chunk size: " .. err
         end
@@ -335,18 +402,18 @@ local function read_chunked(sock, max)
             return nil, "a body over " .. max .. " bytes"
         end
         local data
-        data, err = sock:receive(size)
+        data, err = read_bytes(r, size)
         if not data then
             return nil, "chunk: " .. err
         end
         parts[#parts + 1] = data
-        line, err = read_line(sock)
+        line, err = read_line(r)
         if line ~= "" then
             return nil, "chunk not followed by CRLF" .. (err and ": " .. err or "")
         end
     end
     for _ = 1, max_header_lines do
-        local line, err = read_line(sock)
+        local line, err = read_line(r)
         if not line then
             return nil, "trailer: " .. err
         end
@@ -358,10 +425,14 @@ local function read_chunked(sock, max)
 end
 
 -- read_to_close reads a body delimited by the end of the connection.
-local function read_to_close(sock, max)
-    local parts, total = {}, 0
+local function read_to_close(r, max)
+    local first = take(r, max + 1)
+    local parts, total = { first }, first and #first or 0
+    if total > max then
+        return nil, "a body over " .. max .. " bytes"
+    end
     while true do
-        local data, err, partial = sock:receive(4096)
+        local data, err, partial = r.sock:receive(4096)
         data = data or partial
         if data and #data > 0 then
             total = total + #data
@@ -378,18 +449,51 @@ local function read_to_close(sock, max)
     end
 end
 
+-- read_head reads up to the end of the header block: whatever the socket
+-- has, at once, until an empty line. It returns what it read and where the
+-- block's end (its last LF) is; or nil, the error and whether nothing at
+-- all was read (the connection was found closed).
+local function read_head(sock)
+    local buf, err = sock:receiveany(max_head)
+    if not buf then
+        return nil, "status line: " .. err, err == "closed" or err == "connection reset by peer"
+    end
+    while true do
+        local _, e = find(buf, "\n\r?\n")
+        if e then
+            return buf, e
+        end
+        if #buf > max_head then
+            return nil, "a header block over " .. max_head .. " bytes"
+        end
+        local more
+        more, err = sock:receiveany(max_head)
+        if not more then
+            return nil, "header: " .. err
+        end
+        buf = buf .. more
+    end
+end
+
 -- read_answer reads one answer. It returns the status, the headers (lower
 -- case names, each a list of values), the body and whether the connection
 -- may be kept; or nil, the error and whether nothing at all was read (the
 -- connection was found closed).
 local function read_answer(sock, c)
-    local line, err = sock:receive("*l")
-    if not line then
-        return nil, "status line: " .. err, err == "closed" or err == "connection reset by peer"
+    local buf, stop, closed = read_head(sock)
+    if not buf then
+        return nil, stop, closed
+    end
+    -- The status line, then each header line up to the empty one; every
+    -- line ends in LF, its CR optional as before.
+    local lf = find(buf, "\n", 1, true)
+    local line = sub(buf, 1, lf - 1)
+    if byte(line, -1) == 13 then
+        line = sub(line, 1, -2)
     end
     local minor, status, rest = line:match("^HTTP/1%.([01]) (%d%d%d)(.*)$")
     status = tonumber(status)
-    if not status or (rest ~= "" and byte(rest, 1) ~= 32) or #line > max_line then
+    if not status or (rest ~= "" and byte(rest, 1) ~= 32) or #line > max_line or find(line, "\r", 1, true) then
         return nil, "status line " .. line:sub(1, 40) .. " is not HTTP/1.x"
     end
     if status < 200 or status > 599 then
@@ -397,10 +501,13 @@ local function read_answer(sock, c)
     end
     local headers = {}
     local lines = 0
+    local pos = lf + 1
     while true do
-        line, err = read_line(sock)
-        if not line then
-            return nil, "header: " .. err
+        lf = find(buf, "\n", pos, true)
+        line = sub(buf, pos, lf - 1)
+        pos = lf + 1
+        if byte(line, -1) == 13 then
+            line = sub(line, 1, -2)
         end
         if line == "" then
             break
@@ -409,16 +516,32 @@ local function read_answer(sock, c)
         if lines > max_header_lines then
             return nil, "more than " .. max_header_lines .. " header lines"
         end
+        if #line > max_line then
+            return nil, "header: a line over " .. max_line .. " bytes"
+        end
         local first = byte(line, 1)
         if first == 32 or first == 9 then
             return nil, "a folded header line"
         end
-        local colon = find(line, ":", 1, true)
-        if not colon or colon == 1 or find(sub(line, 1, colon - 1), "[^%w!#$%%&'*+.^_`|~-]") then
+        -- A name of token characters, then the colon.
+        local _, colon = find(line, "^[%w!#$%%&'*+.^_`|~-]+:")
+        if not colon or find(line, "\r", colon, true) then
             return nil, "header line " .. line:sub(1, 40) .. " is not name: value"
         end
         local name = lower(sub(line, 1, colon - 1))
-        local value = sub(line, colon + 1):match("^%s*(.-)%s*$")
+        -- The value without the spaces and tabs around it.
+        local vs, ve = colon + 1, #line
+        local b = byte(line, vs)
+        while b == 32 or b == 9 do
+            vs = vs + 1
+            b = byte(line, vs)
+        end
+        b = byte(line, ve)
+        while ve >= vs and (b == 32 or b == 9) do
+            ve = ve - 1
+            b = byte(line, ve)
+        end
+        local value = sub(line, vs, ve)
         local vals = headers[name]
         if vals then
             vals[#vals + 1] = value
@@ -426,6 +549,7 @@ local function read_answer(sock, c)
             headers[name] = { value }
         end
     end
+    -- pos is past the header block: the rest of buf is the body's start.
 
     local keep = minor == "1"
     local conn = headers["connection"]
@@ -441,7 +565,7 @@ local function read_answer(sock, c)
     end
 
     local te, cl = headers["transfer-encoding"], headers["content-length"]
-    local body
+    local body, err
     if te then
         if cl then
             return nil, "both Transfer-Encoding and Content-Length"
@@ -449,9 +573,14 @@ local function read_answer(sock, c)
         if #te ~= 1 or lower(te[1]) ~= "chunked" then
             return nil, "Transfer-Encoding " .. concat(te, ", ") .. " is not chunked"
         end
-        body, err = read_chunked(sock, c.max_body)
+        local r = reader(sock, buf, pos)
+        body, err = read_chunked(r, c.max_body)
         if not body then
             return nil, err
+        end
+        -- Bytes after the answer: not an answer to anything asked.
+        if r.pos <= #buf then
+            keep = false
         end
     elseif cl then
         local length = cl[1]
@@ -467,18 +596,28 @@ local function read_answer(sock, c)
         if length > c.max_body then
             return nil, "a body over " .. c.max_body .. " bytes"
         end
-        if length > 0 then
-            body, err = sock:receive(length)
-            if not body then
-                return nil, "body: " .. err
+        local have = #buf - pos + 1
+        if have >= length then
+            body = sub(buf, pos, pos + length - 1)
+            -- Bytes after the answer: not an answer to anything asked.
+            if have > length then
+                keep = false
             end
         else
-            body = ""
+            local more
+            more, err = sock:receive(length - have)
+            if not more then
+                return nil, "body: " .. err
+            end
+            body = have > 0 and sub(buf, pos) .. more or more
         end
     elseif status == 204 or status == 304 then
         body = ""
+        if pos <= #buf then
+            keep = false
+        end
     else
-        body, err = read_to_close(sock, c.max_body)
+        body, err = read_to_close(reader(sock, buf, pos), c.max_body)
         if not body then
             return nil, err
         end
@@ -560,11 +699,12 @@ function _M.access()
     end
     if status < 300 then
         local kept
-        for _, name in ipairs(relayed) do
-            local v = headers[lower(name)]
+        for i = 1, #relayed_pairs do
+            local p = relayed_pairs[i]
+            local v = headers[p[2]]
             if v then
                 kept = kept or {}
-                kept[name] = #v == 1 and v[1] or v
+                kept[p[1]] = #v == 1 and v[1] or v
             end
         end
         if kept then
@@ -574,12 +714,11 @@ function _M.access()
     end
     -- A denial (or authlimit's 503): relay it as it is.
     ngx.status = status
-    for _, list in ipairs({ relayed, denial_only }) do
-        for _, name in ipairs(list) do
-            local v = headers[lower(name)]
-            if v then
-                ngx.header[name] = #v == 1 and v[1] or v
-            end
+    for i = 1, #denial_pairs do
+        local p = denial_pairs[i]
+        local v = headers[p[2]]
+        if v then
+            ngx.header[p[1]] = #v == 1 and v[1] or v
         end
     end
     ngx.header["Content-Length"] = #body
