@@ -105,6 +105,12 @@ func rulesFor(workload string, three bool, algorithm string) string {
 	return strings.Join(rules, "; ")
 }
 
+// nginxPath is the file the nginx systems serve, asked for by name: a
+// request for "/" would be redirected internally to the index file, which
+// runs the access phase again, so that every request would be limited (and
+// ask authlimit or Redis) twice.
+const nginxPath = "/index.html"
+
 // catalogue describes every system.
 func catalogue() []system {
 	return []system{
@@ -115,15 +121,15 @@ func catalogue() []system {
 		{name: "authlimit-redis-fw", about: "authlimit on Redis, 1 rule (fixed_window, the naive handler's own algorithm)", usesRedis: true, path: "/auth", start: authlimitAlgorithm("fixed_window")},
 		{name: "authlimit-redis-3", about: "authlimit on Redis, 3 rules on the same key (sliding_window_counter, token_bucket, gcra)", usesRedis: true, path: "/auth", start: authlimitSystem(true)},
 		{name: "authlimit-cluster-1", about: fmt.Sprintf("authlimit on a Redis Cluster of %d primaries (no replicas, sharing the same cores as everything else), 1 rule (sliding_window_counter)", clusterPrimaries), cluster: true, path: "/auth", start: authlimitSystem(false)},
-		{name: "nginx", about: "nginx alone serving a small static file", nginx: true, path: "/", start: startNginxStatic},
-		{name: "nginx-limit_req", about: "nginx `limit_req` per client address (rate=100r/s burst=200 nodelay) in front of the static file", nginx: true, path: "/", start: startNginxLimitReq},
-		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: "/", start: startNginxLuaRedis},
-		{name: "nginx-auth-null", about: "nginx with the shipped nginx/example.conf, as nginx-authlimit-redis, but the null server in authlimit's place (200 to every subrequest): the auth_request hop alone, the ceiling of any auth server behind it", nginx: true, path: "/", start: startNginxAuthNull},
-		{name: "nginx-authlimit-redis", about: "nginx with the shipped nginx/example.conf: auth_request → authlimit (AUTHLIMIT_DENY_STATUS=403) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, usesRedis: true, path: "/", start: startNginxAuthlimit},
+		{name: "nginx", about: "nginx alone serving a small static file", nginx: true, path: nginxPath, start: startNginxStatic},
+		{name: "nginx-limit_req", about: "nginx `limit_req` per client address (rate=100r/s burst=200 nodelay) in front of the static file", nginx: true, path: nginxPath, start: startNginxLimitReq},
+		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: nginxPath, start: startNginxLuaRedis},
+		{name: "nginx-auth-null", about: "nginx with the shipped nginx/example.conf, as nginx-authlimit-redis, but the null server in authlimit's place (200 to every subrequest): the auth_request hop alone, the ceiling of any auth server behind it", nginx: true, path: nginxPath, start: startNginxAuthNull},
+		{name: "nginx-authlimit-redis", about: "nginx with the shipped nginx/example.conf: auth_request → authlimit (AUTHLIMIT_DENY_STATUS=403) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, usesRedis: true, path: nginxPath, start: startNginxAuthlimit},
 		{name: "haproxy", about: "HAProxy alone (one thread) answering a small body itself (`http-request return`)", haproxy: true, path: "/", start: startHAProxyAlone},
 		{name: "haproxy-authlimit-redis", about: "HAProxy (one thread) with the shipped haproxy/haproxy.cfg and haproxy/authlimit.lua: a Lua action → core.httpclient() → the config's listen section → authlimit → Redis, 1 rule; the frontend answers allowed requests itself, as haproxy alone does", haproxy: true, usesRedis: true, path: "/", start: startHAProxyAuthlimit},
-		{name: "openresty-auth-null", about: "OpenResty with the shipped nginx/openresty.conf and nginx/authlimit.lua, as openresty-authlimit-redis, but the null server in authlimit's place: the Lua module's hop alone, the ceiling of any auth server behind it", nginx: true, lua: true, path: "/", start: startOpenRestyAuthNull},
-		{name: "openresty-authlimit-redis", about: "OpenResty (nginx + Lua module) with the shipped nginx/openresty.conf and nginx/authlimit.lua: access_by_lua asks authlimit over pooled cosocket connections (no subrequest) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, lua: true, usesRedis: true, path: "/", start: startOpenRestyAuthlimit},
+		{name: "openresty-auth-null", about: "OpenResty with the shipped nginx/openresty.conf and nginx/authlimit.lua, as openresty-authlimit-redis, but the null server in authlimit's place: the Lua module's hop alone, the ceiling of any auth server behind it", nginx: true, lua: true, path: nginxPath, start: startOpenRestyAuthNull},
+		{name: "openresty-authlimit-redis", about: "OpenResty (nginx + Lua module) with the shipped nginx/openresty.conf and nginx/authlimit.lua: access_by_lua asks authlimit over pooled cosocket connections (no subrequest) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, lua: true, usesRedis: true, path: nginxPath, start: startOpenRestyAuthlimit},
 		{name: "grpc-null", about: "a grpc-go server answering every `Check` with an `ok_response` and deciding nothing (`bench serve-grpc-null`), driven by the gRPC load with authlimit-check's requests: the floor of any gRPC answer, as null is of any HTTP answer", rpc: checkRPC, start: startGRPCNull},
 		{name: "envoy-ratelimit", about: fmt.Sprintf("envoyproxy/ratelimit %s (built with `go install` from the Go module proxy) answering gRPC `ShouldRateLimit` on Redis from the rate-limit configuration below, its settings at their defaults (a pool of 10 Redis connections, no pipelining window, no local cache of keys over their limit), driven by the gRPC load", ratelimitVersion), usesRedis: true, ratelimit: true, rpc: rlsRPC, start: startEnvoyRatelimit},
 		{name: "authlimit-rls", about: "authlimit on Redis answering gRPC `ShouldRateLimit` from the same rate-limit configuration file (`AUTHLIMIT_RLS_CONFIG`), driven by the gRPC load", usesRedis: true, rpc: rlsRPC, start: startAuthlimitRLS},
