@@ -105,54 +105,18 @@ func (l *grpcLoad) run(ctx context.Context, atStart, atEnd func() error) (*loadR
 	if err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(l.warmup + l.duration + stopGrace)
-	var phase atomic.Int32
 	workers := make([]*grpcWorker, l.conns)
-	var wg sync.WaitGroup
 	for i := range workers {
-		w := &grpcWorker{}
-		workers[i] = w
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.loop(l.addr, l.rpc, calls, i*len(calls)/l.conns, &phase, deadline)
-		}()
+		workers[i] = &grpcWorker{}
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	stop := func() {
-		phase.Store(phaseStop)
-		for _, w := range workers {
-			w.interrupt()
-		}
-		<-done
-	}
-
-	if err := sleepCtx(ctx, l.warmup); err != nil {
-		stop()
-		return nil, err
-	}
-	if err := atStart(); err != nil {
-		stop()
-		return nil, err
-	}
-	start := time.Now()
-	phase.Store(phaseMeasure)
-	err = sleepCtx(ctx, l.duration)
-	phase.Store(phaseStop)
-	elapsed := time.Since(start)
+	elapsed, err := drive(ctx, l.warmup, l.duration, len(workers),
+		func(i int, phase *atomic.Int32, deadline time.Time) {
+			workers[i].loop(l.addr, l.rpc, calls, i*len(calls)/l.conns, phase, deadline)
+		},
+		func(i int) { workers[i].interrupt() },
+		atStart, atEnd)
 	if err != nil {
-		stop()
 		return nil, err
-	}
-	endErr := atEnd()
-	select {
-	case <-done:
-	case <-time.After(stopGrace):
-		stop() // a server that stopped answering: cut its connections
-	}
-	if endErr != nil {
-		return nil, endErr
 	}
 	return mergeGRPC(elapsed, workers), nil
 }

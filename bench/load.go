@@ -106,54 +106,18 @@ type worker struct {
 // run drives the load: warm-up, then the measured window, calling atStart
 // and atEnd right at its edges (for CPU and Redis samples).
 func (l *load) run(ctx context.Context, atStart, atEnd func() error) (*loadResult, error) {
-	var phase atomic.Int32
-	deadline := time.Now().Add(l.warmup + l.duration + stopGrace)
 	workers := make([]*worker, l.conns)
-	var wg sync.WaitGroup
 	for i := range workers {
-		w := &worker{}
-		workers[i] = w
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.loop(l, i*len(l.reqs)/l.conns, &phase, deadline)
-		}()
+		workers[i] = &worker{}
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	stop := func() {
-		phase.Store(phaseStop)
-		for _, w := range workers {
-			w.interrupt()
-		}
-		<-done
-	}
-
-	if err := sleepCtx(ctx, l.warmup); err != nil {
-		stop()
-		return nil, err
-	}
-	if err := atStart(); err != nil {
-		stop()
-		return nil, err
-	}
-	start := time.Now()
-	phase.Store(phaseMeasure)
-	err := sleepCtx(ctx, l.duration)
-	phase.Store(phaseStop)
-	elapsed := time.Since(start)
+	elapsed, err := drive(ctx, l.warmup, l.duration, len(workers),
+		func(i int, phase *atomic.Int32, deadline time.Time) {
+			workers[i].loop(l, i*len(l.reqs)/l.conns, phase, deadline)
+		},
+		func(i int) { workers[i].interrupt() },
+		atStart, atEnd)
 	if err != nil {
-		stop()
 		return nil, err
-	}
-	endErr := atEnd()
-	select {
-	case <-done:
-	case <-time.After(stopGrace):
-		stop() // a server that stopped answering: cut its connections
-	}
-	if endErr != nil {
-		return nil, endErr
 	}
 
 	res := &loadResult{elapsed: elapsed, badStatus: map[int]uint64{}}
@@ -321,4 +285,57 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// drive runs n connections' loops through the warm-up and the measured
+// window, calling atStart and atEnd right at the window's edges, and
+// returns the window's length. loop(i, phase, deadline) is connection i's
+// loop, which counts while phase is phaseMeasure and ends at phaseStop or
+// the deadline; interrupt(i) cuts connection i, for a server that stopped
+// answering.
+func drive(ctx context.Context, warmup, duration time.Duration, n int, loop func(i int, phase *atomic.Int32, deadline time.Time), interrupt func(i int), atStart, atEnd func() error) (time.Duration, error) {
+	var phase atomic.Int32
+	deadline := time.Now().Add(warmup + duration + stopGrace)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			loop(i, &phase, deadline)
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	stop := func() {
+		phase.Store(phaseStop)
+		for i := range n {
+			interrupt(i)
+		}
+		<-done
+	}
+
+	if err := sleepCtx(ctx, warmup); err != nil {
+		stop()
+		return 0, err
+	}
+	if err := atStart(); err != nil {
+		stop()
+		return 0, err
+	}
+	start := time.Now()
+	phase.Store(phaseMeasure)
+	err := sleepCtx(ctx, duration)
+	phase.Store(phaseStop)
+	elapsed := time.Since(start)
+	if err != nil {
+		stop()
+		return 0, err
+	}
+	endErr := atEnd()
+	select {
+	case <-done:
+	case <-time.After(stopGrace):
+		stop() // a server that stopped answering: cut its connections
+	}
+	return elapsed, endErr
 }
