@@ -96,18 +96,5 @@ func startHAProxy(ctx context.Context, e *runEnv, cfg, addr string, with *proc) 
 	if err != nil {
 		return nil, err
 	}
-	in := &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}
-	watch := []*proc{p}
-	if with != nil {
-		in.cpuRoots = append(in.cpuRoots, with.pid())
-		watch = append(watch, with)
-	}
-	if err := waitReady(ctx, "haproxy", readyTimeout, wantStatus("http://"+addr+"/", 0), watch...); err != nil {
-		p.stop()
-		return nil, err
-	}
-	if with != nil {
-		in.procs = append(in.procs, with)
-	}
-	return in, nil
+	return proxyInstance(ctx, "haproxy", addr, p, with)
 }

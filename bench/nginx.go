@@ -329,18 +329,9 @@ func startNginx(ctx context.Context, e *runEnv, addr, site string, lua bool, wit
 	if err != nil {
 		return nil, err
 	}
-	in := &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}
-	watch := []*proc{p}
-	if with != nil {
-		in.cpuRoots = append(in.cpuRoots, with.pid())
-		watch = append(watch, with)
-	}
-	if err := waitReady(ctx, "nginx", readyTimeout, wantStatus("http://"+addr+"/", 0), watch...); err != nil {
-		p.stop()
+	in, err := proxyInstance(ctx, "nginx", addr, p, with)
+	if err != nil {
 		return nil, fmt.Errorf("%w\nnginx error.log:\n%s", err, fileTail(filepath.Join(e.dir, "error.log"), 4096))
-	}
-	if with != nil {
-		in.procs = append(in.procs, with)
 	}
 	return in, nil
 }
@@ -353,4 +344,24 @@ func firstError(errs ...error) error {
 		}
 	}
 	return nil
+}
+
+// proxyInstance waits until the proxy p answers on addr, and returns it as
+// an instance whose CPU counts p's and, when with is not nil, that of the
+// server behind it. A proxy that does not get ready is stopped.
+func proxyInstance(ctx context.Context, name, addr string, p, with *proc) (*instance, error) {
+	in := &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}
+	watch := []*proc{p}
+	if with != nil {
+		in.cpuRoots = append(in.cpuRoots, with.pid())
+		watch = append(watch, with)
+	}
+	if err := waitReady(ctx, name, readyTimeout, wantStatus("http://"+addr+"/", 0), watch...); err != nil {
+		p.stop()
+		return nil, err
+	}
+	if with != nil {
+		in.procs = append(in.procs, with)
+	}
+	return in, nil
 }

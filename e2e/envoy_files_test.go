@@ -627,13 +627,7 @@ func (e envoyExtAuthz) serve(t *testing.T, req clientRequest) clientAnswer {
 // with env, until the test ends; it returns its address.
 func startBuiltAuthlimit(t *testing.T, env map[string]string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "authlimit")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/authlimit")
-	build.Dir = repoRoot(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin)
+	cmd := exec.Command(buildAuthlimit(t))
 	cmd.Env = []string{"AUTHLIMIT_LISTEN=127.0.0.1:0", "AUTHLIMIT_LOG_FORMAT=json"}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)

@@ -34,13 +34,7 @@ func readRepo(t *testing.T, rel string) []byte {
 // check runs `authlimit -check` with env and returns its output.
 func check(t *testing.T, env map[string]string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "authlimit")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/authlimit")
-	build.Dir = repoRoot(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "-check")
+	cmd := exec.Command(buildAuthlimit(t), "-check")
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -49,6 +43,19 @@ func check(t *testing.T, env map[string]string) string {
 		t.Fatalf("authlimit -check rejects %v:\n%s", env, out)
 	}
 	return string(out)
+}
+
+// buildAuthlimit builds authlimit into the test's temporary directory and
+// returns the binary's path.
+func buildAuthlimit(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "authlimit")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/authlimit")
+	build.Dir = repoRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
 }
 
 func TestComposeFile(t *testing.T) {
