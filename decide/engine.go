@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -71,11 +72,14 @@ type Engine struct {
 	log          *slog.Logger
 	clock        func() time.Time
 
-	// kept are the policies of the limits fronts made with NewLimit:
-	// SetRules registers them with the rules' own, so that a new rule set
-	// leaves the fronts' policies known to the Decider.
+	// kept are the live limits fronts made with NewLimit, in the order
+	// made: SetRules registers their policies with the rules' own, so
+	// that a new rule set leaves the fronts' policies known to the
+	// Decider, and ReleaseLimits drops them. mu also orders the
+	// registrations, so that the last one registered is the last one
+	// built.
 	mu   sync.Mutex
-	kept []*algo.Policy
+	kept []*Limit
 }
 
 // New validates opts and returns an Engine.
@@ -150,20 +154,45 @@ func (e *Engine) SetRules(rs []*rules.Rule) error {
 	if err := checkRules(rs); err != nil {
 		return err
 	}
-	if r, ok := e.decider.(PolicyRegistrar); ok {
-		e.mu.Lock()
-		ps := make([]*algo.Policy, 0, len(rs)+len(e.kept))
-		for _, x := range rs {
-			ps = append(ps, x.Policies()...)
-		}
-		ps = append(ps, e.kept...)
-		e.mu.Unlock()
-		if err := r.RegisterPolicies(ps); err != nil {
-			return fmt.Errorf("decide: register the rules' policies: %w", err)
-		}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.register(rs); err != nil {
+		return fmt.Errorf("decide: register the rules' policies: %w", err)
 	}
 	e.set.Store(newRuleSet(rs, e.metrics))
 	return nil
+}
+
+// register gives a PolicyRegistrar Decider the policies of rs and of the
+// live limits, each identity (name and algorithm, as the stores key their
+// state) once, the rules' first. The caller holds e.mu.
+func (e *Engine) register(rs []*rules.Rule) error {
+	r, ok := e.decider.(PolicyRegistrar)
+	if !ok {
+		return nil
+	}
+	type identity struct {
+		name string
+		alg  algo.Algorithm
+	}
+	seen := make(map[identity]bool, len(rs)+len(e.kept))
+	ps := make([]*algo.Policy, 0, len(rs)+len(e.kept))
+	add := func(p *algo.Policy) {
+		id := identity{p.Name(), p.Spec().Algorithm}
+		if !seen[id] {
+			seen[id] = true
+			ps = append(ps, p)
+		}
+	}
+	for _, x := range rs {
+		for _, p := range x.Policies() {
+			add(p)
+		}
+	}
+	for _, l := range e.kept {
+		add(l.Policy)
+	}
+	return r.RegisterPolicies(ps)
 }
 
 // Rules returns the rule set in force. The caller must not modify it.
@@ -287,14 +316,45 @@ type LimitRequest struct {
 
 // NewLimit returns a Limit of p under name (bounded: it labels metrics),
 // for DecideLimits, such as a configured limit of Envoy's rate limit
-// service, made once at start. The Decider must know p, as it knows the
-// rules' policies; SetRules keeps it registered with a PolicyRegistrar
-// for the Engine's life.
+// service, made when its configuration is loaded. The Decider must know
+// p, as it knows the rules' policies; SetRules keeps it registered with a
+// PolicyRegistrar until ReleaseLimits releases it.
 func (e *Engine) NewLimit(name string, p *algo.Policy) *Limit {
+	l := newLimit(name, name, p, e.metrics)
 	e.mu.Lock()
-	e.kept = append(e.kept, p)
+	e.kept = append(e.kept, l)
 	e.mu.Unlock()
-	return newLimit(name, name, p, e.metrics)
+	return l
+}
+
+// ReleaseLimits ends the life of limits made by NewLimit, such as those of
+// a rate-limit configuration a reload replaced: the engine forgets them,
+// and a PolicyRegistrar Decider is given the rules' policies and those of
+// the limits still alive, each identity once. A limit released twice, or
+// not made by NewLimit, is ignored.
+//
+// Requests still deciding a released limit decide it correctly: the
+// stores keep a policy's state by its name and algorithm, not by the
+// Limit, so a limit made again under the same policy (a reload that keeps
+// it) continues its counts, and a guard.Guard decides a policy it no
+// longer knows without its deny cache. The limit's decisions stay counted
+// in authlimit_decisions_total under its name, as a removed rule's do.
+func (e *Engine) ReleaseLimits(ls ...*Limit) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	gone := make(map[*Limit]bool, len(ls))
+	for _, l := range ls {
+		gone[l] = true
+	}
+	n := len(e.kept)
+	e.kept = slices.DeleteFunc(e.kept, func(l *Limit) bool { return gone[l] })
+	if len(e.kept) == n {
+		return nil
+	}
+	if err := e.register(e.set.Load().rules); err != nil {
+		return fmt.Errorf("decide: register the policies left after a release: %w", err)
+	}
+	return nil
 }
 
 // NewLimitCountedAs returns a limit made on demand, such as one Envoy

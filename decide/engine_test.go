@@ -3,7 +3,9 @@ package decide
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -415,4 +417,91 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, values ...stri
 		}
 	}
 	return 0
+}
+
+// TestReleaseLimits: a front that makes its limits again on every reload
+// and releases the previous ones (the rate-limit service) leaves the
+// engine holding only the limits alive, each policy identity registered
+// once with the rules', however many reloads; a limit made again under
+// the same policy keeps its counts, and an old limit still deciding after
+// its release decides with them.
+func TestReleaseLimits(t *testing.T) {
+	reg := &registrar{}
+	e, _ := newEngine(t, func(d Decider) Decider { reg.Decider = d; return reg }, "name=r key=ip limit=5/1m")
+	policy := func(name string, limit int64) *algo.Policy {
+		t.Helper()
+		p, err := algo.NewPolicy(algo.Spec{Name: name, Algorithm: algo.FixedWindow, Limit: limit, Window: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	decide := func(l *Limit, key string) Verdict {
+		t.Helper()
+		var o Outcome
+		e.DecideLimits(context.Background(), []LimitRequest{{Limit: l, Key: []byte(key)}}, &o)
+		return o.Verdict
+	}
+	// A configuration: "stays" (limit 3) and one limit of its own.
+	load := func(i int) []*Limit {
+		return []*Limit{e.NewLimit("stays", policy("stays", 3)), e.NewLimit("gone", policy(fmt.Sprintf("gone-%d", i), 9))}
+	}
+	live := load(0)
+	for i, want := range []Verdict{Allow, Allow} {
+		if got := decide(live[0], "k"); got != want {
+			t.Fatalf("request %d before any reload: %v, want %v", i, got, want)
+		}
+	}
+	first := live[0]
+	const reloads = 50
+	for i := 1; i <= reloads; i++ {
+		next := load(i)
+		if err := e.ReleaseLimits(live...); err != nil {
+			t.Fatalf("reload %d: ReleaseLimits: %v", i, err)
+		}
+		live = next
+	}
+	e.mu.Lock()
+	kept := len(e.kept)
+	e.mu.Unlock()
+	if kept != 2 {
+		t.Errorf("after %d reloads the engine keeps %d limits, want 2", reloads, kept)
+	}
+	var names []string
+	for _, p := range reg.learnt[len(reg.learnt)-1] {
+		names = append(names, p.Name())
+	}
+	if want := []string{"r", "stays", fmt.Sprintf("gone-%d", reloads)}; !slices.Equal(names, want) {
+		t.Errorf("registered %v after %d reloads, want %v", names, reloads, want)
+	}
+	if err := e.SetRules(e.Rules()); err != nil {
+		t.Fatal(err)
+	}
+	names = names[:0]
+	for _, p := range reg.learnt[len(reg.learnt)-1] {
+		names = append(names, p.Name())
+	}
+	if want := []string{"r", "stays", fmt.Sprintf("gone-%d", reloads)}; !slices.Equal(names, want) {
+		t.Errorf("SetRules registered %v, want %v", names, want)
+	}
+	// 2 of 3 spent before the reloads: the limit in force admits one
+	// more, and the first limit, released long ago, sees the same count.
+	if got := decide(live[0], "k"); got != Allow {
+		t.Errorf("third request after %d reloads: %v, want Allow", reloads, got)
+	}
+	if got := decide(first, "k"); got != Deny {
+		t.Errorf("fourth request, on a released limit: %v, want Deny", got)
+	}
+	if got := decide(live[0], "k"); got != Deny {
+		t.Errorf("fifth request: %v, want Deny: a reload handed out fresh quota", got)
+	}
+	// Releasing again, or what NewLimit never made, changes nothing.
+	n := len(reg.learnt)
+	if err := e.ReleaseLimits(first, e.NewLimitCountedAs("x", "override", policy("x", 1))); err != nil || len(reg.learnt) != n {
+		t.Errorf("a release of nothing alive: %v, %d registrations, want none", err, len(reg.learnt)-n)
+	}
+	reg.refuse = errors.New("full")
+	if err := e.ReleaseLimits(live[1]); err == nil || !strings.Contains(err.Error(), "full") {
+		t.Errorf("ReleaseLimits with a refusing registrar: %v", err)
+	}
 }
