@@ -9,16 +9,23 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// metrics count the service's requests by how they were answered. The
+// Metrics count the service's requests by how they were answered. The
 // decisions of their limits are the engine's to count, with those of /auth
 // and Check (authlimit_requests_total, authlimit_decisions_total): these
 // add what only the front knows, the requests refused before the engine
 // and the answer Envoy got.
-type metrics struct {
+//
+// Build them once with NewMetrics and give them to every Service of the
+// process (Options.Metrics): a Service built by a reload then continues the
+// counts of the one it replaces, and Prometheus sees no counter reset. Their
+// labels are a fixed set of answers, none per limit, so a reload that
+// removes limits leaves no series behind.
+type Metrics struct {
 	ok, overLimit, failedOpen, invalid, unavailable, errors prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// NewMetrics registers the service's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_rls_requests_total",
 		Help: "ShouldRateLimit and /json requests by answer: ok, over_limit, failed_open (the store could not decide; the fail mode admits), invalid (refused with InvalidArgument), unavailable (no decision), error.",
@@ -26,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err := reg.Register(requests); err != nil {
 		return nil, fmt.Errorf("rls metrics: %w", err)
 	}
-	return &metrics{
+	return &Metrics{
 		ok:          requests.WithLabelValues("ok"),
 		overLimit:   requests.WithLabelValues("over_limit"),
 		failedOpen:  requests.WithLabelValues("failed_open"),
@@ -37,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // count records how a request was answered.
-func (m *metrics) count(resp *pb.RateLimitResponse, failedOpen bool, err error) {
+func (m *Metrics) count(resp *pb.RateLimitResponse, failedOpen bool, err error) {
 	switch {
 	case err == nil && resp.GetOverallCode() == pb.RateLimitResponse_OVER_LIMIT:
 		m.overLimit.Inc()

@@ -61,7 +61,11 @@ type Options struct {
 	// Engine decides. Required. Its Decider must know the configuration's
 	// policies (Config.Policies).
 	Engine *decide.Engine
-	// Registry receives the metrics.
+	// Metrics count the requests, shared by every Service of the process
+	// (see Metrics). Default: new ones, registered with Registry.
+	Metrics *Metrics
+	// Registry receives the metrics when Metrics is nil. Default: a new
+	// registry.
 	Registry prometheus.Registerer
 	// Clock returns the current time. Default time.Now.
 	Clock func() time.Time
@@ -78,7 +82,7 @@ type Service struct {
 	// distinct override).
 	limits    map[*envoyconf.Limit]*decide.Limit
 	overrides sync.Map // *envoyconf.Limit → *decide.Limit
-	metrics   *metrics
+	metrics   *Metrics
 	clock     func() time.Time
 	scratch   sync.Pool // *scratch
 }
@@ -88,15 +92,18 @@ func New(opts Options) (*Service, error) {
 	if opts.Config == nil || opts.Engine == nil {
 		return nil, errors.New("rls: a configuration and an engine are required")
 	}
-	if opts.Registry == nil {
-		opts.Registry = prometheus.NewRegistry()
-	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	m, err := newMetrics(opts.Registry)
-	if err != nil {
-		return nil, err
+	m := opts.Metrics
+	if m == nil {
+		if opts.Registry == nil {
+			opts.Registry = prometheus.NewRegistry()
+		}
+		var err error
+		if m, err = NewMetrics(opts.Registry); err != nil {
+			return nil, err
+		}
 	}
 	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock}
 	for _, l := range opts.Config.Limits() {
@@ -110,6 +117,21 @@ func New(opts Options) (*Service, error) {
 
 // Register serves the service on s.
 func (s *Service) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
+
+// Close ends the service's life: its configured limits are released from
+// the engine (decide.Engine.ReleaseLimits), which stops registering their
+// policies with the guard. Call it once the service is replaced and no
+// longer takes new requests. Requests it is still answering finish
+// correctly (see ReleaseLimits): a limit the replacing configuration keeps
+// has the same policy name and algorithm, and so the same counts. Closing
+// twice does nothing more.
+func (s *Service) Close() error {
+	ls := make([]*decide.Limit, 0, len(s.limits))
+	for _, l := range s.limits {
+		ls = append(ls, l)
+	}
+	return s.engine.ReleaseLimits(ls...)
+}
 
 // limit returns l's engine limit. An override's is made on first use and
 // counts under one metrics label; its name in the headers is its policy's.
