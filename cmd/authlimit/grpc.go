@@ -125,10 +125,18 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	return nil
 }
 
-// newRLS builds the rate-limit service of cfg. Its metrics replace those of
-// the service it replaces on a reload.
+// newRLS builds the rate-limit service of cfg. Every service counts in the
+// one set of metrics the first registers with reg: a reload's service
+// continues the counts of the one it replaces.
 func (a *app) newRLS(cfg *envoyconf.Config, reg prometheus.Registerer) (*rls.Service, error) {
-	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Registry: replacingRegisterer{reg}})
+	if a.rlsMetrics == nil {
+		m, err := rls.NewMetrics(reg)
+		if err != nil {
+			return nil, err
+		}
+		a.rlsMetrics = m
+	}
+	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Metrics: a.rlsMetrics})
 }
 
 // newRLSReloader reloads AUTHLIMIT_RLS_CONFIG into the service in force.

@@ -31,6 +31,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/rules"
@@ -172,6 +173,9 @@ type app struct {
 	// AUTHLIMIT_GRPC_LISTEN.
 	rls  *rlsSwitch
 	grpc *grpcFront
+	// rlsMetrics count the rate-limit service's answers, for every
+	// service a reload builds (see newRLS).
+	rlsMetrics *rls.Metrics
 	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
 	admin *adminFront
 }
