@@ -16,7 +16,6 @@ import (
 	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
 
@@ -78,31 +77,6 @@ func (s *rlsSwitch) ServeJSON(ctx *fasthttp.RequestCtx) { s.cur.Load().ServeJSON
 // Register serves the service on g.
 func (s *rlsSwitch) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
 
-// replacingRegisterer registers collectors in place of those already
-// registered under the same names: a reloaded rate-limit service registers
-// its metrics again, and takes them over (their counts start afresh).
-type replacingRegisterer struct{ reg prometheus.Registerer }
-
-func (r replacingRegisterer) Register(c prometheus.Collector) error {
-	err := r.reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		r.reg.Unregister(are.ExistingCollector)
-		err = r.reg.Register(c)
-	}
-	return err
-}
-
-func (r replacingRegisterer) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		if err := r.Register(c); err != nil {
-			panic(err)
-		}
-	}
-}
-
-func (r replacingRegisterer) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
-
 // rlsReloader reloads AUTHLIMIT_RLS_CONFIG: it checks a new configuration
 // whole, gives the guard its policies, and swaps the service.
 type rlsReloader struct {
@@ -148,6 +122,11 @@ func (r *rlsReloader) reload(trigger string) reloadResult {
 }
 
 // swap gives the guard cfg's policies and puts a service of cfg in force.
+// The service it replaces is closed at once, releasing its limits from the
+// engine, which then registers with the guard only the rules' policies and
+// the new service's: the engine and the guard hold the limits in force,
+// however many reloads there have been. Requests the old service is still
+// answering finish correctly (see rls.Service.Close).
 func (r *rlsReloader) swap(cfg *envoyconf.Config) error {
 	if err := r.union.setRLS(cfg.Policies()); err != nil {
 		return err
@@ -157,7 +136,13 @@ func (r *rlsReloader) swap(cfg *envoyconf.Config) error {
 		_ = r.union.setRLS(r.cfg.Policies())
 		return err
 	}
-	r.front.cur.Store(svc)
+	if old := r.front.cur.Swap(svc); old != nil {
+		if err := old.Close(); err != nil {
+			// The new service is in force; the guard only knows the
+			// old limits' policies besides, which is harmless.
+			r.log.Warn("rate-limit configuration reloaded; the previous one's limits could not be released", "err", err)
+		}
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -227,4 +228,89 @@ func TestRulesReloadKeepsRLSPolicies(t *testing.T) {
 	if !authDeniedTwice("198.51.100.2") {
 		t.Error("after an RLS reload the guard no longer knows the rules' policies")
 	}
+}
+
+// TestRLSReloadsKeepCountsAndForgetOldLimits reloads AUTHLIMIT_RLS_CONFIG
+// through the reloader many times, each time with another limit beside the
+// api_key limit, which stays: authlimit_rls_requests_total continues
+// across every reload (no counter reset), the api_key limit keeps its
+// counts (a reload hands out no fresh quota), and the policies the engine
+// gives the guard stay the rules' and those of the configuration in force,
+// each once, however many reloads there were.
+func TestRLSReloadsKeepCountsAndForgetOldLimits(t *testing.T) {
+	stores(t, func(t *testing.T, env map[string]string) {
+		file := filepath.Join(t.TempDir(), "ratelimit.yaml")
+		write := func(body string) {
+			t.Helper()
+			if err := os.WriteFile(file, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write(rlsYAML(3, "hour"))
+		a := startApp(t, with(env, "AUTHLIMIT_RLS_CONFIG", file))
+		ok := func() float64 { return metric(t, a, `authlimit_rls_requests_total{result="ok"}`) }
+		over := func() float64 { return metric(t, a, `authlimit_rls_requests_total{result="over_limit"}`) }
+		for i := 0; i < 2; i++ {
+			if s := a.rlsJSON(t, "k1"); s != 200 {
+				t.Fatalf("request %d: %d, want 200", i, s)
+			}
+		}
+		const reloads = 25
+		for i := 0; i < reloads; i++ {
+			write(rlsYAML(3, "hour") + fmt.Sprintf("  - key: other%d\n    rate_limit:\n      unit: hour\n      requests_per_unit: %d\n", i, 5+i))
+			okBefore, overBefore := ok(), over()
+			if res := a.app.reload.reload("test"); len(res) != 2 || res[1].Result != "success" {
+				t.Fatalf("reload %d: %+v", i, res)
+			}
+			if got := ok(); got != okBefore {
+				t.Fatalf("reload %d: authlimit_rls_requests_total{result=\"ok\"} went from %v to %v", i, okBefore, got)
+			}
+			if got := over(); got != overBefore {
+				t.Fatalf("reload %d: authlimit_rls_requests_total{result=\"over_limit\"} went from %v to %v", i, overBefore, got)
+			}
+			// Another key, each time: its own count starts at one.
+			if s := a.rlsJSON(t, fmt.Sprintf("fresh%d", i)); s != 200 {
+				t.Fatalf("after reload %d, a fresh key: %d, want 200", i, s)
+			}
+			if got, want := ok(), okBefore+1; got != want {
+				t.Fatalf("after reload %d, authlimit_rls_requests_total{result=\"ok\"} = %v, want %v: the counter does not continue", i, got, want)
+			}
+		}
+		// k1 spent 2 of 3 before the reloads: one more, then denied.
+		if s := a.rlsJSON(t, "k1"); s != 200 {
+			t.Errorf("k1's third request after %d reloads: %d, want 200", reloads, s)
+		}
+		if s := a.rlsJSON(t, "k1"); s != 429 {
+			t.Errorf("k1's fourth request after %d reloads: %d, want 429: a reload handed out fresh quota", reloads, s)
+		}
+		if got, want := ok(), float64(3+reloads); got != want {
+			t.Errorf("authlimit_rls_requests_total{result=\"ok\"} = %v after all, want %v", got, want)
+		}
+		if got := over(); got != 1 {
+			t.Errorf("authlimit_rls_requests_total{result=\"over_limit\"} = %v after all, want 1", got)
+		}
+
+		// What the engine last gave the guard: the rules' policies and the
+		// configuration in force's, each once.
+		var want []string
+		for _, r := range a.app.engine.Rules() {
+			for _, p := range r.Policies() {
+				want = append(want, p.Name())
+			}
+		}
+		for _, p := range a.app.reload.rlsConfig().Policies() {
+			want = append(want, p.Name())
+		}
+		a.app.union.mu.Lock()
+		var got []string
+		for _, p := range a.app.union.rules {
+			got = append(got, p.Name())
+		}
+		a.app.union.mu.Unlock()
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("after %d reloads the engine registers %d policies %v, want %d: %v", reloads, len(got), got, len(want), want)
+		}
+	})
 }
