@@ -18,7 +18,21 @@
 //     a repeated header's values with ",": there, a key or cost header whose
 //     value holds a comma counts as repeated (urn:authlimit:repeated-header),
 //     since a client could otherwise add a copy of its own to get a fresh
-//     quota for the value the backend reads.
+//     quota for the value the backend reads;
+//   - the request's body length is what the proxies behind /auth state as
+//     X-Original-Content-Length: Envoy's content-length header when it
+//     forwards it (its codec holds the body to it), else
+//     attributes.request.http.size when that is above 0. A rule counting
+//     by Content-Length or X-Original-Content-Length reads that length,
+//     never a client's own X-Original-Content-Length, and reads it as /auth
+//     reads the header: a value that is not a whole number from 0 to
+//     algo.MaxLimit (a size too large for any limit) is invalid-cost, a
+//     repeated content-length is repeated-header, and no length is
+//     missing, which the rule's cost_missing= decides. A size of 0 or below
+//     states no length: Envoy fills size with the body bytes it has
+//     received when it asks, 0 unless it buffers the body
+//     (with_request_body), and -1 means unknown; taking 0 as an empty body
+//     would let every upload past a byte-counting rule for nothing.
 //
 // An admitted request is OK, with the rate-limit headers in
 // ok_response.response_headers_to_add (the client's response); a request
@@ -39,6 +53,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -96,6 +111,7 @@ type scratch struct {
 	out  decide.Outcome
 	hdrs headers
 	xff  [][]byte
+	size []byte // attributes.request.http.size, in decimal
 }
 
 // Check decides one request.
@@ -110,6 +126,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	if m := h.GetHeaderMap(); m != nil {
 		sc.hdrs = headers{raw: m.GetHeaders()}
 	}
+	sc.hdrs.length, sc.hdrs.lengths, sc.size = bodyLength(&sc.hdrs, h.GetSize(), sc.size[:0])
 	sc.xff = sc.hdrs.all(sc.xff[:0], "x-forwarded-for")
 	realIP, _ := sc.hdrs.Lookup("x-real-ip")
 	src := peer(req.GetAttributes().GetSource().GetAddress())
@@ -199,16 +216,75 @@ func peer(a *corev3.Address) netip.Addr {
 	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
 }
 
+// bodyLength returns the request's body length as the rules read it (see
+// the package's documentation) and how many there are: 0 for none, more
+// than 1 for a repeated content-length. A size is appended to buf, which
+// it returns.
+func bodyLength(h *headers, size int64, buf []byte) ([]byte, int, []byte) {
+	if v, n := h.lookup("content-length"); n > 0 {
+		return v, n, buf
+	}
+	if size <= 0 {
+		return nil, 0, buf
+	}
+	buf = strconv.AppendInt(buf, size, 10)
+	return buf, 1, buf
+}
+
+// lengthHeaders are the headers that mean the request's body length to
+// the rules: Content-Length, and X-Original-Content-Length, which the
+// proxies behind /auth set to it.
+var lengthHeaders = []string{"Content-Length", "X-Original-Content-Length"}
+
 // headers gives rules a CheckRequest's headers: raw, one entry per header
 // line, or joined, one value per name with repeats joined by ",".
 type headers struct {
 	raw    []*corev3.HeaderValue
 	joined map[string]string
+	// length is the request's body length, lengths how many (see
+	// bodyLength): what a body-length header reads.
+	length  []byte
+	lengths int
 }
 
 // Lookup implements rules.Headers. In joined headers, a value with a comma
-// may be several lines joined: it counts as two.
+// may be several lines joined: it counts as two. A body-length header
+// (lengthHeaders) reads the request's body length.
 func (h *headers) Lookup(name string) ([]byte, int) {
+	for _, l := range lengthHeaders {
+		if sameHeader(name, l) {
+			return h.length, h.lengths
+		}
+	}
+	return h.lookup(name)
+}
+
+// sameHeader reports whether a and b name one header, as rules compares
+// names: ASCII case and '-' and '_' alike.
+func sameHeader(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if foldHeaderByte(a[i]) != foldHeaderByte(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func foldHeaderByte(c byte) byte {
+	switch {
+	case 'A' <= c && c <= 'Z':
+		return c + 'a' - 'A'
+	case c == '_':
+		return '-'
+	}
+	return c
+}
+
+// lookup looks name up in the headers as Envoy sent them.
+func (h *headers) lookup(name string) ([]byte, int) {
 	if h.joined != nil {
 		v, ok := h.joined[name]
 		if !ok {

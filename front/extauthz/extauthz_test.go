@@ -135,7 +135,15 @@ type step struct {
 	headers []string // name, value, ...; a name twice is a repeated header
 	spoof   string   // an X-Forwarded-For the client sends itself
 	proxied bool     // Envoy's peer is a trusted proxy that forwarded the client
-	want    int      // the status /auth answers
+	// length are the original request's Content-Length lines: the
+	// X-Original-Content-Length a proxy sends /auth, the content-length
+	// Envoy forwards to Check.
+	length []string
+	// size is Envoy's attributes.request.http.size: the body bytes it has
+	// received. /auth gets it as X-Original-Content-Length when above 0
+	// and there is no length: the body's length, stated.
+	size int64
+	want int // the status /auth answers
 }
 
 // answer is what a front answered, as the client sees it.
@@ -177,6 +185,12 @@ func (st *stack) viaHTTP(t *testing.T, s step) answer {
 	fmt.Fprintf(&b, "GET /auth HTTP/1.1\r\nHost: authlimit\r\nConnection: close\r\nX-Forwarded-For: %s\r\nX-Forwarded-Method: %s\r\nX-Forwarded-Uri: %s\r\nX-Forwarded-Host: %s\r\n", xff, s.method, s.path, s.host)
 	for i := 0; i+1 < len(s.headers); i += 2 {
 		fmt.Fprintf(&b, "%s: %s\r\n", s.headers[i], s.headers[i+1])
+	}
+	for _, l := range s.length {
+		fmt.Fprintf(&b, "X-Original-Content-Length: %s\r\n", l)
+	}
+	if len(s.length) == 0 && s.size > 0 {
+		fmt.Fprintf(&b, "X-Original-Content-Length: %d\r\n", s.size)
 	}
 	b.WriteString("\r\n")
 	c, err := net.Dial("tcp", st.auth)
@@ -225,9 +239,12 @@ func checkRequest(s step, raw bool) *authv3.CheckRequest {
 	}
 	// Envoy forwards the client's own headers too: these must move
 	// nothing.
-	lines = append(lines, "x-forwarded-uri", "/elsewhere", "x-forwarded-method", "DELETE", "x-forwarded-host", "spoof.example", "x-real-ip", "198.18.0.77")
+	lines = append(lines, "x-forwarded-uri", "/elsewhere", "x-forwarded-method", "DELETE", "x-forwarded-host", "spoof.example", "x-real-ip", "198.18.0.77", "x-original-content-length", "1")
+	for _, l := range s.length {
+		lines = append(lines, "content-length", l)
+	}
 	lines = append(lines, ":authority", s.host, ":path", s.path, ":method", s.method)
-	h := &authv3.AttributeContext_HttpRequest{Method: s.method, Path: s.path, Host: s.host, Protocol: "HTTP/1.1"}
+	h := &authv3.AttributeContext_HttpRequest{Method: s.method, Path: s.path, Host: s.host, Protocol: "HTTP/1.1", Size: s.size}
 	if raw {
 		h.HeaderMap = &corev3.HeaderMap{}
 		for i := 0; i+1 < len(lines); i += 2 {
@@ -374,6 +391,22 @@ var sameCases = []sameCase{
 		{path: "/b", headers: []string{"X-Cost", "11"}, want: 429}, {path: "/b", headers: []string{"X-Cost", "x1"}, want: 429}, {path: "/b", headers: []string{"X-Cost", "1", "X-Cost", "1"}, want: 429},
 		{path: "/b", want: 200}, {path: "/d", want: 429}, {path: "/d", headers: []string{"X-Cost", "10"}, want: 200},
 	}},
+	{name: "body length", rules: "name=bytes key=ip limit=100/1m cost=header:X-Original-Content-Length cost_missing=7 path=/u; name=strict key=ip limit=100/1m cost=header:X-Original-Content-Length cost_missing=deny path=/d", steps: []step{
+		// The length Envoy forwards, then the size of a buffered body.
+		{path: "/u", length: []string{"60"}, want: 200}, {path: "/u", size: 30, want: 200},
+		// Unknown (-1) and 0 (no body received yet) state no length:
+		// cost_missing= decides, 7 here, which fits once, then not.
+		{path: "/u", size: -1, want: 200}, {path: "/u", size: 0, want: 429},
+		// An empty body counts nothing; the forwarded length wins over a
+		// size.
+		{path: "/u", length: []string{"0"}, want: 200}, {path: "/u", length: []string{"3"}, size: 500, want: 200},
+		{path: "/u", size: 1, want: 429},
+		{path: "/d", size: -1, want: 429}, {path: "/d", size: 0, want: 429},
+		// Too large for any limit, not a number, repeated.
+		{path: "/d", size: 1 << 60, want: 429}, {path: "/d", length: []string{"99999999999999999"}, want: 429},
+		{path: "/d", length: []string{"-1"}, want: 429}, {path: "/d", length: []string{"5", "5"}, want: 429},
+		{path: "/d", size: 101, want: 429}, {path: "/d", size: 100, want: 200}, {path: "/d", length: []string{"1"}, size: 1, want: 429},
+	}},
 	{name: "rate-limited and cost too high", rules: "name=per-ip key=ip limit=1/1m; name=bytes key=ip limit=5/1m cost=header:X-Cost", steps: []step{
 		{headers: []string{"X-Cost", "1"}, want: 200}, {headers: []string{"X-Cost", "6"}, want: 429}, {headers: []string{"X-Cost", "6"}, want: 429}, {headers: []string{"X-Cost", "1"}, want: 429},
 	}},
@@ -499,6 +532,50 @@ func TestCheckJoinedComma(t *testing.T) {
 	}
 	if a := st.viaCheck(t, s, true); a.status != 200 || a.headers["X-RateLimit-Remaining"] != "4" {
 		t.Errorf("raw: %d %v, want 200 with 4 remaining", a.status, a.headers)
+	}
+}
+
+// TestCheckBodyLength: a rule counting by Content-Length, or by
+// X-Original-Content-Length under any spelling the rules accept, reads the
+// request's body length (the forwarded content-length, else a size above
+// 0), never the client's own X-Original-Content-Length; the kind of each
+// refusal is /auth's for the same header.
+func TestCheckBodyLength(t *testing.T) {
+	for _, header := range []string{"Content-Length", "X_Original_Content_Length"} {
+		t.Run(header, func(t *testing.T) {
+			st := newStack(t, backend{name: "memory"}, "name=b key=ip limit=100/1m cost_missing=deny cost=header:"+header, nil)
+			for i, c := range []struct {
+				s         step
+				status    int
+				remaining string // after an admission
+				kind      string // of a refusal
+			}{
+				{s: step{size: 40}, status: 200, remaining: "60"},
+				{s: step{length: []string{"10"}, size: 90}, status: 200, remaining: "50"},
+				{s: step{headers: []string{"X-Original-Content-Length", "1"}, size: 5}, status: 200, remaining: "45"},
+				{s: step{size: 0}, status: 429, kind: "missing-cost"},
+				{s: step{size: -1}, status: 429, kind: "missing-cost"},
+				{s: step{size: 1 << 62}, status: 429, kind: "invalid-cost"},
+				{s: step{length: []string{"1e3"}}, status: 429, kind: "invalid-cost"},
+				{s: step{length: []string{"2", "2"}}, status: 429, kind: "repeated-header"},
+				{s: step{size: 46}, status: 429, kind: "rate-limited"},
+			} {
+				for _, raw := range []bool{true, false} {
+					if c.status == 200 && !raw {
+						continue // spent once is enough
+					}
+					a := st.viaCheck(t, c.s, raw)
+					switch {
+					case a.status != c.status:
+						t.Errorf("case %d %+v raw %v: %d %s, want %d", i, c.s, raw, a.status, a.body, c.status)
+					case c.status == 200 && a.headers["X-RateLimit-Remaining"] != c.remaining:
+						t.Errorf("case %d %+v: %d remaining %q, want %q", i, c.s, a.status, a.headers["X-RateLimit-Remaining"], c.remaining)
+					case c.kind != "" && !strings.Contains(a.body, "urn:authlimit:"+c.kind):
+						t.Errorf("case %d %+v raw %v: %s, want %s", i, c.s, raw, a.body, c.kind)
+					}
+				}
+			}
+		})
 	}
 }
 
