@@ -362,6 +362,9 @@ func TestEnvoyGRPCExtAuthzFile(t *testing.T) {
 		t.Errorf("%s: transport_api_version %v, want V3", rel, az.GetTransportApiVersion())
 	}
 	checkAllowedHeaders(t, rel, az)
+	if !anyMatches(t, az.GetAllowedHeaders(), "content-length") {
+		t.Errorf("%s: allowed_headers does not admit content-length: byte-counting rules would get their cost_missing=, which README says they do not over gRPC", rel)
+	}
 	checkGRPCCluster(t, rel, b)
 }
 
