@@ -103,13 +103,109 @@ if tokens_wanted then
   FIRST, NEXT = '<BBBddddd', '<BBddddd'
 end
 
--- One request of one rule of a window algorithm, the shape of every call
--- at low load: decided, written and answered here, with no tables, the
--- general path below doing the same for any batch. Its arithmetic is the
--- general path's, operation for operation.
+-- One request (so one rule: a request names a policy once) of any
+-- algorithm but sliding_window_log, the shape of every call at low load:
+-- decided, written and answered here, with no tables and no closures; a
+-- denial that must work out its wait goes on to the general path below,
+-- which decides any batch. Its arithmetic is the general path's, operation
+-- for operation.
 if nreq == 1 and npol == 1 then
-  local a, L, W, _, _, M, nrules, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
-  if nrules == 1 and (a == 1 or a == 3) then
+  local a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
+  if a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
+    local v = pcall('GET', k)
+    local t, x
+    if type(v) == 'string' and #v == 16 then
+      t, x = sunpack('<dd', v)
+    elseif v and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
+      error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+    end
+    -- The level now, as level_at below works it out, and x - x % 1 as
+    -- floor(x), exactly.
+    local level, rem, reset, delay
+    if a == 4 then
+      level = B
+      if t then
+        local dt = now - t
+        if dt < 0 then
+          dt = 0
+        end
+        level = x + dt * L / W
+        if level > B then
+          level = B
+        end
+      end
+      rem, reset = level - level % 1, (B - level) * W / L
+    else
+      level = 0
+      if t then
+        local dt = now - t
+        if dt < 0 then
+          dt = 0
+        end
+        level = x - dt * L / W
+        if level < 0 then
+          level = 0
+        end
+      end
+      rem, reset = B - level, level * W / L
+      rem = rem - rem % 1
+      if rem < 0 then
+        rem = 0
+      end
+    end
+    local f = reset - reset % 1
+    if f < reset then
+      reset = f + 1
+    end
+    if c > M then
+      local all = 0
+      if sh == 1 then
+        all = 1
+      end
+      return spack(FIRST, all, 0, 2, rem, reset, 0, 0, 0)
+    end
+    local admit = false
+    if a == 4 then
+      if level >= c then
+        admit, level, delay = true, level - c, 0
+        rem, reset = level - level % 1, (B - level) * W / L
+      end
+    else
+      local over, wait = level + c - B, 0
+      if over > 0 then
+        wait = math.ceil(over * W / L)
+      end
+      if wait <= D then
+        admit, level, delay = true, level + c, wait
+        rem, reset = B - level, level * W / L
+        rem = rem - rem % 1
+        if rem < 0 then
+          rem = 0
+        end
+      end
+    end
+    if admit then
+      f = reset - reset % 1
+      if f < reset then
+        reset = f + 1
+      end
+      -- The key's whole horizon, as the general path writes it.
+      local H = B * W / L
+      if a ~= 4 then
+        H = H + D
+      end
+      H = H / 1000
+      if H % 1 > 0 then
+        H = H - H % 1 + 1
+      end
+      if H < 1 then
+        H = 1
+      end
+      call('SET', k, spack('<dd', now, level), 'PX', H + slack)
+      return spack(FIRST, 1, 1, 0, rem, reset, 0, delay, 0)
+    end
+    -- Denied: the general path works out the wait.
+  elseif a == 1 or a == 3 then
     local v = pcall('GET', k)
     local w, n, pv
     if v then
