@@ -335,10 +335,13 @@ end
 -- R holds one request's rules, 17 values each from R[17 * (i - 1) + 1]:
 -- what the rule answers, and what it writes if the request is admitted
 -- (WTTL 0: keep the key's expiry). MAXCOST is the largest cost the policy
--- ever admits. Sized for one rule; more rules grow it once per call.
+-- ever admits. Sized for one rule, for three when a request has two or
+-- three (a table that grows by assignment is rehashed at 18 and at 33
+-- values), and grown by assignment past that.
 local KEY, ALG, COST, MAXCOST, OK, HREM, HRESET, HRETRY, TREM, TRESET, TDELAY, WVAL, WTTL, TOKEN, LAT, LRANK, LTOTAL =
   1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17
 local R = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local sized = 1
 
 -- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
 -- It is the only function every call makes: every closure costs Redis an
@@ -367,15 +370,23 @@ local function hexes(v)
   return tonumber(a, 16), tonumber(b, 16), tonumber(c, 16)
 end
 
--- up and level_at are made by the first bucket rule of a call, the windows'
--- paths doing the same inline: see the bucket branch below.
-local up, level_at
+-- level_at is made by the first bucket rule of a call: see the bucket
+-- branch below.
+local level_at
 
 -- The reply's strings, one per rule, sized for one.
 local reply, r = { '' }, 0
 for _ = 1, nreq do
   local nrules, rid
   nrules, rid, pos = sunpack('<Bd', blob, pos)
+  if nrules > sized and sized < 3 then
+    R = {
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    }
+    sized = 3
+  end
   local all = 1
   -- Phase one: every rule decides without writing. A key expires (ttl, in
   -- ms) when its state no longer matters; a pinned clock adds slack.
@@ -547,20 +558,12 @@ for _ = 1, nreq do
         R[b + LTOTAL] = total + c
       end
     else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
-      if not up then
-        -- up(x) is math.ceil(x), and x - x % 1 math.floor(x), exactly: a
-        -- call into C costs Redis several times what the arithmetic does,
-        -- so the hot paths call neither.
-        up = function(x)
-          local f = x - x % 1
-          if f < x then
-            return f + 1
-          end
-          return f
-        end
+      if not level_at then
         -- level_at is a bucket's level at a time: a token bucket's tokens
         -- (a == 4), refilling up to B, or a leaky bucket's (and gcra's)
-        -- level, draining to 0, from the state (t, x) read, if any.
+        -- level, draining to 0, from the state (t, x) read, if any. The
+        -- level now is worked out inline below, the same way: a closure
+        -- and a call cost Redis more than the arithmetic.
         level_at = function(a, t, x, B, L, W, at)
           if a == 4 then
             if not t then
@@ -594,22 +597,50 @@ for _ = 1, nreq do
       local v = pcall('GET', k)
       if type(v) == 'string' and #v == 16 then
         t, x = sunpack('<dd', v)
-      else
-        hexes(v) -- raises if the key cannot be read
+      elseif v and v.err and not find(v.err, 'WRONGTYPE', 1, true) then
+        error(v) -- not a wrong type: the key cannot be read (an ACL, say)
       end
-      local level = level_at(a, t, x, B, L, W, now)
+      -- x - x % 1 is floor(x), and f + 1 where f < x ceil(x), exactly.
+      local level, reset
       if a == 4 then
+        level = B
+        if t then
+          local dt = now - t
+          if dt < 0 then
+            dt = 0
+          end
+          level = x + dt * L / W
+          if level > B then
+            level = B
+          end
+        end
         R[b + HREM] = level - level % 1
-        R[b + HRESET] = up((B - level) * W / L)
+        reset = (B - level) * W / L
       else
+        level = 0
+        if t then
+          local dt = now - t
+          if dt < 0 then
+            dt = 0
+          end
+          level = x - dt * L / W
+          if level < 0 then
+            level = 0
+          end
+        end
         local left = B - level
         left = left - left % 1
         if left < 0 then
           left = 0
         end
         R[b + HREM] = left
-        R[b + HRESET] = up(level * W / L)
+        reset = level * W / L
       end
+      local f = reset - reset % 1
+      if f < reset then
+        reset = f + 1
+      end
+      R[b + HRESET] = reset
       if c > M then
         -- denied: cost too high
       elseif a == 4 then
@@ -624,7 +655,12 @@ for _ = 1, nreq do
           R[b + HRETRY] = wait
         else
           level = level - c
-          R[b + OK], R[b + TREM], R[b + TRESET] = 1, level - level % 1, up((B - level) * W / L)
+          reset = (B - level) * W / L
+          f = reset - reset % 1
+          if f < reset then
+            reset = f + 1
+          end
+          R[b + OK], R[b + TREM], R[b + TRESET] = 1, level - level % 1, reset
         end
       else
         -- The request waits until enough has drained for it to fit.
@@ -649,7 +685,12 @@ for _ = 1, nreq do
           if left < 0 then
             left = 0
           end
-          R[b + OK], R[b + TREM], R[b + TRESET], R[b + TDELAY] = 1, left, up(level * W / L), wait
+          reset = level * W / L
+          f = reset - reset % 1
+          if f < reset then
+            reset = f + 1
+          end
+          R[b + OK], R[b + TREM], R[b + TRESET], R[b + TDELAY] = 1, left, reset, wait
         end
       end
       if R[b + OK] == 1 then
