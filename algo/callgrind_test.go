@@ -23,7 +23,7 @@ import (
 // under valgrind's callgrind, which counts them the same however loaded the
 // machine: one decision at a time (a batch of one, as at low load), after
 // every key exists, for one rule of each algorithm and three rules on one
-// key; then batches of 16 and 50 requests, as under load; and, in the same
+// key; then batches of 1, 16 and 50 requests, as under load; and, in the same
 // run, the shapes authlimit is measured against: an empty script, a script
 // that only reads TIME, the naive limiter's script (INCRBY, PEXPIRE on the
 // first), envoyproxy/ratelimit's pipeline (INCRBY and EXPIRE, no script),
@@ -140,14 +140,17 @@ func TestCallgrind(t *testing.T) {
 		algs[FixedWindow]/naive, algs[SlidingWindowCounter]/naive, three/algs[SlidingWindowCounter])
 
 	// Batches, as under load: requests of one rule in one script call.
-	p := pol("batch", SlidingWindowCounter)
 	w := &worker{}
-	for _, size := range []int{1, 16, 50} {
-		calls := make([]*call, size)
+	for _, b := range []struct {
+		a    Algorithm
+		size int
+	}{{SlidingWindowCounter, 1}, {SlidingWindowCounter, 16}, {SlidingWindowCounter, 50}, {FixedWindow, 50}} {
+		p := pol("batch-"+b.a.String(), b.a)
+		calls := make([]*call, b.size)
 		for i := range calls {
 			calls[i] = &call{done: make(chan struct{}, 1)}
 		}
-		measure(fmt.Sprintf("1 rule sliding_window_counter, batches of %d", size), size, func(i int) {
+		measure(fmt.Sprintf("1 rule %s, batches of %d", b.a, b.size), b.size, func(i int) {
 			w.batch = w.batch[:0]
 			for j, c := range calls {
 				if err := rs.encode(ctx, c, []Request{{Policy: p, Key: []byte(key(i + j))}}); err != nil {
