@@ -762,13 +762,12 @@ end
 -- The reply's strings, one per rule, sized for one.
 local reply, r = { '' }, 0
 for _ = 1, nreq do
-  local nrules, rid
-  nrules, rid, pos = sunpack('<Bd', blob, pos)
+  -- A request and its first rule, in one unpack (every request has one).
   -- A request of one rule is single's, unless it is denied and must work
-  -- out its wait.
+  -- out its wait; rule reads the rules again from the first.
+  local nrules, rid, id, sh, c, k, at = sunpack('<BdHBdHc0', blob, pos)
   local s
   if nrules == 1 then
-    local id, sh, c, k, at = sunpack('<HBdHc0', blob, pos)
     local v = 6 * id
     s = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
     if s then
@@ -778,7 +777,7 @@ for _ = 1, nreq do
   end
   if not s then
     local _
-    _, pos = rule(1, nrules, 1, pos, r, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+    _, pos = rule(1, nrules, 1, pos + 9, r, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
     r = r + nrules
   end
 end
