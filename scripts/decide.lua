@@ -353,10 +353,6 @@ else
 end
 
 -- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
--- It is the only function the general path always makes: every closure
--- costs Redis an allocation and its collection, so the rest is written
--- inline, and the few helpers that buckets and denials need are made only
--- when one does.
 -- v is what redis.pcall answered: a string, false (no key) or an error
 -- (a table with err); a string's err is nil, read with no call into C.
 local function hexes(v)
