@@ -544,8 +544,10 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       HRETRY = wait
     end
   elseif a == 2 then -- sliding_window_log
-    local newest = pcall('ZRANGE', k, -1, -1, 'WITHSCORES')
-    local total, before, rank, card = 0, 0, -1, 0
+    -- Constant arguments are strings: Redis converts a number argument
+    -- with a printf of its own.
+    local newest = pcall('ZRANGE', k, '-1', '-1', 'WITHSCORES')
+    local total, before, rank = 0, 0, -1
     local at = now
     WVAL = 'fresh'
     if type(newest) ~= 'table' or newest.err then
@@ -558,10 +560,9 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       at = max(now, ts)
       -- The entry at or before the edge with the greatest time: the
       -- window holds what came after it.
-      local edge = call('ZRANGE', k, now - W, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
+      local edge = call('ZRANGE', k, now - W, '-inf', 'BYSCORE', 'REV', 'LIMIT', '0', '1')
       before = tonumber(sub(edge[1], 1, 14), 16)
       rank = call('ZRANK', k, edge[1])
-      card = call('ZCARD', k)
       if total - before > 0 then
         HRESET = ts + W - now
       end
@@ -574,7 +575,10 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       -- The oldest entries must leave until the request fits: find the
       -- first whose total frees enough, by binary search on rank.
       local want = before + n + c - L
-      local lo, hi = rank + 1, card - 1
+      local lo, hi = rank + 1, -1
+      if WVAL == 'append' then
+        hi = call('ZCARD', k) - 1
+      end
       while lo < hi do
         local mid = floor((lo + hi) / 2)
         if tonumber(sub(call('ZRANGE', k, mid, mid)[1], 1, 14), 16) >= want then
@@ -743,7 +747,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       elseif total >= REBASE then
         -- Restart the totals from the kept edge entry: rewrite the
         -- window.
-        local kept = call('ZRANGE', k, rank, -1, 'WITHSCORES')
+        local kept = call('ZRANGE', k, rank, '-1', 'WITHSCORES')
         local base = tonumber(sub(kept[1], 1, 14), 16)
         call('DEL', k)
         call('ZADD', k, '-inf', '00000000000000')
@@ -755,7 +759,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       call('ZADD', k, LAT, format('%014x:%x', total, rid))
       call('PEXPIRE', k, WTTL)
       if rank > 0 then
-        call('ZREMRANGEBYRANK', k, 0, min(rank, SWEEP) - 1)
+        call('ZREMRANGEBYRANK', k, '0', min(rank, SWEEP) - 1)
       end
     end
     rem, reset, delay = TREM, TRESET, TDELAY
