@@ -125,10 +125,16 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, sp
   if a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
     local v = pcall('GET', k)
     local t, x
-    if type(v) == 'string' and #v == 16 then
-      t, x = sunpack('<dd', v)
-    elseif v and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
-      error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+    if v then
+      -- A string's err is nil, read with no call into C.
+      local e = v.err
+      if e then
+        if not string.find(e, 'WRONGTYPE', 1, true) then
+          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+        end
+      elseif #v == 16 then
+        t, x = sunpack('<dd', v)
+      end
     end
     -- The level now, as level_at below works it out, and x - x % 1 as
     -- floor(x), exactly.
@@ -596,10 +602,15 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
   else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
     local t, x
     local v = pcall('GET', k)
-    if type(v) == 'string' and #v == 16 then
-      t, x = sunpack('<dd', v)
-    elseif v and v.err and not find(v.err, 'WRONGTYPE', 1, true) then
-      error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+    if v then
+      local e = v.err
+      if e then
+        if not find(e, 'WRONGTYPE', 1, true) then
+          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+        end
+      elseif #v == 16 then
+        t, x = sunpack('<dd', v)
+      end
     end
     -- x - x % 1 is floor(x), and f + 1 where f < x ceil(x), exactly.
     local level, reset
