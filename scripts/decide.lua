@@ -71,16 +71,16 @@
 -- keeps each rule's answer in its locals; both take what they use as
 -- arguments; and a key written again in the same window keeps its expiry
 -- (SET ... KEEPTTL), as a SET with PX costs Redis twice as much. A
--- fixed_window decision alone in its call costs 53.5k instructions (a
+-- fixed_window decision alone in its call costs 53.7k instructions (a
 -- naive EVALSHA of INCRBY 22.9k): the EVALSHA itself 14.6k, TIME and its
 -- conversion 8.3k (every algorithm needs the time, and only Redis's own
 -- keeps replicas with skewed clocks agreeing), the GET 3.5k and the SET 7k,
 -- unpacking the batch 5.9k, the value's parsing 3.3k and formatting 2.4k,
 -- the answer's packing 2.5k; TIME, GET and SET KEEPTTL alone, the least a
--- window kept as "<index>:<count>" costs, are 31.8k. sliding_window_counter
--- costs 56.7k, a bucket 59.6-60k (its SET moves the expiry), three rules on
--- one key 148k; in batches of 50, 28.1k a decision (fixed_window) and 31.5k
--- (sliding_window_counter).
+-- window kept as "<index>:<count>" costs, are 32.1k. sliding_window_counter
+-- costs 56.8k, a bucket 59.3-59.6k (its SET moves the expiry), three rules
+-- on one key 147k; in batches of 50, 28.2k a decision (fixed_window) and
+-- 31.7k (sliding_window_counter).
 
 -- A global and its field cost Redis about as much as a small call into C:
 -- single's names are looked up first, the general path's after it.
