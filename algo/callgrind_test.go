@@ -22,7 +22,13 @@ import (
 // TestCallgrind counts the instructions redis-server executes per decision,
 // under valgrind's callgrind, which counts them the same however loaded the
 // machine: one decision at a time (a batch of one, as at low load), after
-// every key exists. Run it with
+// every key exists, for one rule of each algorithm and three rules on one
+// key; then batches of 1, 16 and 50 requests, as under load; and, in the same
+// run, the shapes authlimit is measured against: an empty script, a script
+// that only reads TIME, the naive limiter's script (INCRBY, PEXPIRE on the
+// first), envoyproxy/ratelimit's pipeline (INCRBY and EXPIRE, no script),
+// and the least a fixed window in decide.lua's key format costs (TIME, GET,
+// SET KEEPTTL in a script that does no arithmetic). Run it with
 //
 //	go test -tags callgrind -run TestCallgrind -v ./algo
 //
@@ -45,6 +51,62 @@ func TestCallgrind(t *testing.T) {
 		t.Fatal(err)
 	}
 	const keys, n = 200, 1000
+	key := func(i int) string { return "198.51.100." + strconv.Itoa(i%keys) }
+	// measure runs one decision (or reference call) per key to create the
+	// keys, then n twice, and returns the instructions per decision.
+	measure := func(name string, per int, do func(i int)) float64 {
+		t.Helper()
+		for i := 0; i < keys; i += per {
+			do(i)
+		}
+		var got [2]float64
+		for r := range got {
+			srv.zero(t)
+			for i := 0; i < n; i += per {
+				do(i)
+			}
+			got[r] = float64(srv.dump(t)) / float64(n)
+		}
+		if d := got[0]/got[1] - 1; d > 0.03 || d < -0.03 {
+			t.Errorf("%s: %.0f and %.0f instructions per decision: too far apart to be the script's", name, got[0], got[1])
+		}
+		avg := (got[0] + got[1]) / 2
+		t.Logf("%-58s %6.0f instructions per decision", name+":", avg)
+		return avg
+	}
+	script := func(name, src string, nkeys int, args ...any) float64 {
+		t.Helper()
+		s := redis.NewScript(src)
+		if err := s.Load(ctx, client).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return measure(name, 1, func(i int) {
+			ks := make([]string, nkeys)
+			for j := range ks {
+				ks[j] = "ref:" + strconv.Itoa(j) + ":" + key(i)
+			}
+			if err := s.EvalSha(ctx, client, ks, args...).Err(); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		})
+	}
+
+	script("reference: empty script", "return 1", 0, "x")
+	script("reference: TIME", "redis.call('TIME') return 1", 0, "x")
+	naive := script("reference: naive (INCRBY, PEXPIRE on the first)",
+		"local n = redis.call('INCRBY', KEYS[1], ARGV[1]) if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return n", 1, 1, 3600000)
+	envoy := measure("reference: envoyproxy/ratelimit (INCRBY, EXPIRE pipelined)", 1, func(i int) {
+		k := "envoy:" + key(i)
+		p := client.Pipeline()
+		p.IncrBy(ctx, k, 1)
+		p.Expire(ctx, k, time.Hour)
+		if _, err := p.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	script("reference: TIME, GET, SET KEEPTTL (a fixed window's floor)",
+		"local t = redis.call('TIME') local v = redis.call('GET', KEYS[1]) redis.call('SET', KEYS[1], '1e:5', 'KEEPTTL') return 1", 1, "x")
+
 	pol := func(name string, a Algorithm) *Policy {
 		s := Spec{Name: name, Algorithm: a, Limit: 1 << 40, Window: time.Hour}
 		if a.UsesBurst() {
@@ -52,60 +114,49 @@ func TestCallgrind(t *testing.T) {
 		}
 		return mustPolicy(t, s)
 	}
-	shapes := []struct {
-		name  string
-		rules []*Policy
-	}{
-		{"1 rule fixed_window", []*Policy{pol("fw", FixedWindow)}},
-		{"1 rule sliding_window_counter", []*Policy{pol("swc", SlidingWindowCounter)}},
-		{"3 rules (sliding_window_counter, token_bucket, gcra)", []*Policy{pol("a", SlidingWindowCounter), pol("b", TokenBucket), pol("c", GCRA)}},
-	}
-	for _, sh := range shapes {
+	var res [MaxRules]Result
+	decide := func(name string, rules ...*Policy) float64 {
+		t.Helper()
 		reqs := make([][]Request, keys)
 		for k := range reqs {
-			for _, p := range sh.rules {
-				reqs[k] = append(reqs[k], Request{Policy: p, Key: []byte("198.51.100." + strconv.Itoa(k))})
+			for _, p := range rules {
+				reqs[k] = append(reqs[k], Request{Policy: p, Key: []byte(key(k))})
 			}
 		}
-		var res [MaxRules]Result
-		run := func(count int) {
-			for i := 0; i < count; i++ {
-				ok, err := rs.Decide(ctx, reqs[i%keys], res[:])
-				if err != nil || !ok {
-					t.Fatalf("%s: Decide = %v, %v", sh.name, ok, err)
-				}
+		return measure(name, 1, func(i int) {
+			ok, err := rs.Decide(ctx, reqs[i%keys], res[:])
+			if err != nil || !ok {
+				t.Fatalf("%s: Decide = %v, %v", name, ok, err)
 			}
-		}
-		run(keys)
-		var per [2]float64
-		for i := range per {
-			srv.zero(t)
-			run(n)
-			per[i] = float64(srv.dump(t)) / n
-		}
-		if d := per[0]/per[1] - 1; d > 0.03 || d < -0.03 {
-			t.Errorf("%s: %.0f and %.0f instructions per decision: too far apart to be the script's", sh.name, per[0], per[1])
-		}
-		t.Logf("%s: %.0f instructions per decision (%.0f, %.0f)", sh.name, (per[0]+per[1])/2, per[0], per[1])
+		})
 	}
-	// A batch, as under load: 32 requests of one rule in one script call.
-	{
-		const size = 32
-		p := pol("batch", SlidingWindowCounter)
-		calls := make([]*call, size)
-		w := &worker{}
-		batch := func(round int) {
+	algs := map[Algorithm]float64{}
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, GCRA} {
+		algs[a] = decide("1 rule "+a.String(), pol(a.String(), a))
+	}
+	three := decide("3 rules on one key (sliding_window_counter, token_bucket, gcra)",
+		pol("a", SlidingWindowCounter), pol("b", TokenBucket), pol("c", GCRA))
+
+	// Batches, as under load: requests of one rule in one script call.
+	w := &worker{}
+	var batched float64 // the last: fixed_window in batches of 50
+	for _, b := range []struct {
+		a    Algorithm
+		size int
+	}{{SlidingWindowCounter, 1}, {SlidingWindowCounter, 16}, {SlidingWindowCounter, 50}, {FixedWindow, 50}} {
+		p := pol("batch-"+b.a.String(), b.a)
+		calls := make([]*call, b.size)
+		for i := range calls {
+			calls[i] = &call{done: make(chan struct{}, 1)}
+		}
+		batched = measure(fmt.Sprintf("1 rule %s, batches of %d", b.a, b.size), b.size, func(i int) {
 			w.batch = w.batch[:0]
-			for i := range calls {
-				if calls[i] == nil {
-					calls[i] = &call{done: make(chan struct{}, 1)}
-				}
-				key := []byte("198.51.100." + strconv.Itoa((round*size+i)%keys))
-				if err := rs.encode(ctx, calls[i], []Request{{Policy: p, Key: key}}); err != nil {
+			for j, c := range calls {
+				if err := rs.encode(ctx, c, []Request{{Policy: p, Key: []byte(key(i + j))}}); err != nil {
 					t.Fatal(err)
 				}
-				calls[i].deadline = time.Now().Add(time.Minute)
-				w.batch = append(w.batch, calls[i])
+				c.deadline = time.Now().Add(time.Minute)
+				w.batch = append(w.batch, c)
 			}
 			rs.run(w, time.Now().Add(time.Minute))
 			for _, c := range calls {
@@ -114,33 +165,10 @@ func TestCallgrind(t *testing.T) {
 					t.Fatalf("batch: admitted %v, %v", c.admitted, c.err)
 				}
 			}
-		}
-		for i := 0; i < keys/size+1; i++ {
-			batch(i)
-		}
-		srv.zero(t)
-		for i := 0; i < n/size; i++ {
-			batch(i)
-		}
-		t.Logf("1 rule sliding_window_counter, batches of %d: %.0f instructions per decision", size, float64(srv.dump(t))/float64(n/size*size))
+		})
 	}
-	// The floor, for comparison: what a limiter that runs INCRBY and
-	// PEXPIRE in one script costs.
-	naive := redis.NewScript("local n = redis.call('INCRBY', KEYS[1], ARGV[1]) if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return n")
-	if err := naive.Load(ctx, client).Err(); err != nil {
-		t.Fatal(err)
-	}
-	runNaive := func(count int) {
-		for i := 0; i < count; i++ {
-			if err := naive.EvalSha(ctx, client, []string{"naive:198.51.100." + strconv.Itoa(i%keys)}, 1, 3600000).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	runNaive(keys)
-	srv.zero(t)
-	runNaive(n)
-	t.Logf("naive EVALSHA of INCRBY (+ PEXPIRE on the first): %.0f instructions per call", float64(srv.dump(t))/n)
+	t.Logf("ratios: fixed_window / naive %.2f, sliding_window_counter / naive %.2f, 3 rules / 1 rule (sliding_window_counter) %.2f, fixed_window in batches of 50 / envoyproxy/ratelimit %.2f",
+		algs[FixedWindow]/naive, algs[SlidingWindowCounter]/naive, three/algs[SlidingWindowCounter], batched/envoy)
 }
 
 var callgrindDir = flag.String("callgrind.dir", "", "keep TestCallgrind's callgrind dumps here, one per measure, for callgrind_annotate")

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/authlimit/authlimit/scripts"
 )
 
 // call is one Decide on its way through a batch. The caller encodes its
@@ -376,7 +374,7 @@ func (r *Redis) evalRaw(ctx context.Context, w *worker) error {
 	w.args = [4]any{"evalsha", r.decideSHAArg, 0, w}
 	for try := 0; try < 2; try++ {
 		if try == 1 {
-			w.args[0], w.args[1] = "eval", scripts.Decide
+			w.args[0], w.args[1] = "eval", r.decideSrcArg
 		}
 		w.reply.Reset()
 		if err := r.client.Process(ctx, redis.NewRawWriteToCmd(ctx, &w.reply, w.args[:]...)); err != nil {

@@ -61,24 +61,34 @@
 -- call before anything is written.
 --
 -- Cost: Redis runs the script for every batch, so it is written for the
--- instructions Redis executes (measured with callgrind on redis-server): a
--- call into C (math.floor, string.sub, ...) costs several times the
--- arithmetic around it, and a table that grows by assignment is rehashed
--- at every power of two. So tables are built by constructors at their
--- size, the hot paths do their arithmetic inline, and a key written again
--- in the same window keeps its expiry (SET ... KEEPTTL) rather than set it
--- again (PX), which costs Redis twice as much.
+-- instructions Redis executes, counted with callgrind on redis-server
+-- (TestCallgrind in package algo, Redis 7.0): a redis.call costs thousands
+-- of instructions, a call into C (struct.pack, string.format, tonumber) and
+-- a closure's every upvalue several hundred, a table write or a global's
+-- lookup one to four hundred, the arithmetic around them tens. So a request
+-- of one rule, every call at low load and most requests of a batch, is
+-- decided by single, with no table; a request of several by rule, which
+-- keeps each rule's answer in its locals; both take what they use as
+-- arguments; and a key written again in the same window keeps its expiry
+-- (SET ... KEEPTTL), as a SET with PX costs Redis twice as much. A
+-- fixed_window decision alone in its call costs 53.7k instructions (a
+-- naive EVALSHA of INCRBY 22.9k): the EVALSHA itself 14.6k, TIME and its
+-- conversion 8.3k (every algorithm needs the time, and only Redis's own
+-- keeps replicas with skewed clocks agreeing), the GET 3.5k and the SET 7k,
+-- unpacking the batch 5.9k, the value's parsing 3.3k and formatting 2.4k,
+-- the answer's packing 2.5k; TIME, GET and SET KEEPTTL alone, the least a
+-- window kept as "<index>:<count>" costs, are 32.1k. sliding_window_counter
+-- costs 56.8k, a bucket 59.3-59.6k (its SET moves the expiry), three rules
+-- on one key 147k; in batches of 50, 28.2k a decision (fixed_window) and
+-- 31.7k (sliding_window_counter).
 
+-- A global and its field cost Redis about as much as a small call into C:
+-- single's names are looked up first, the general path's after it.
 local sunpack, spack = struct.unpack, struct.pack
-local sub, format, find, match, rep = string.sub, string.format, string.find, string.match, string.rep
-local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
-local concat = table.concat
 local call, pcall = redis.call, redis.pcall
+local format, match = string.format, string.match
 
 local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
-local REBASE = 4503599627370496 -- 2^52: a log's totals restart below this
-local SWEEP = 64 -- left-behind log entries removed per admission, at most
-local RETRY_STEPS = 4
 
 local blob = ARGV[1]
 local now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
@@ -103,6 +113,232 @@ if tokens_wanted then
   FIRST, NEXT = '<BBBddddd', '<BBddddd'
 end
 
+-- single decides, writes and answers a request of one rule of any
+-- algorithm but sliding_window_log, the shape of every call at low load and
+-- of most requests of a batch, with no tables and no closures of its own:
+-- its reply (in FIRST's format), or nil for a denial that must work out its
+-- wait, which the general path below then decides. Its arithmetic is the
+-- general path's, operation for operation. It takes what it uses as
+-- arguments, not as upvalues: making a closure with upvalues costs Redis
+-- several times what the call does.
+local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
+  if a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
+    local v = pcall('GET', k)
+    local t, x
+    if v then
+      -- A string's err is nil, read with no call into C.
+      local e = v.err
+      if e then
+        if not string.find(e, 'WRONGTYPE', 1, true) then
+          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+        end
+      elseif #v == 16 then
+        t, x = sunpack('<dd', v)
+      end
+    end
+    -- The level now, as level_at below works it out, and x - x % 1 as
+    -- floor(x), exactly.
+    local level, rem, reset, delay
+    if a == 4 then
+      level = B
+      if t then
+        local dt = now - t
+        if dt < 0 then
+          dt = 0
+        end
+        level = x + dt * L / W
+        if level > B then
+          level = B
+        end
+      end
+      rem, reset = level - level % 1, (B - level) * W / L
+    else
+      level = 0
+      if t then
+        local dt = now - t
+        if dt < 0 then
+          dt = 0
+        end
+        level = x - dt * L / W
+        if level < 0 then
+          level = 0
+        end
+      end
+      rem, reset = B - level, level * W / L
+      rem = rem - rem % 1
+      if rem < 0 then
+        rem = 0
+      end
+    end
+    local f = reset - reset % 1
+    if f < reset then
+      reset = f + 1
+    end
+    if c > M then
+      local all = 0
+      if sh == 1 then
+        all = 1
+      end
+      return spack(FIRST, all, 0, 2, rem, reset, 0, 0, 0)
+    end
+    local admit = false
+    if a == 4 then
+      if level >= c then
+        admit, level, delay = true, level - c, 0
+        rem, reset = level - level % 1, (B - level) * W / L
+      end
+    else
+      local over, wait = level + c - B, 0
+      if over > 0 then
+        wait = math.ceil(over * W / L)
+      end
+      if wait <= D then
+        admit, level, delay = true, level + c, wait
+        rem, reset = B - level, level * W / L
+        rem = rem - rem % 1
+        if rem < 0 then
+          rem = 0
+        end
+      end
+    end
+    if admit then
+      f = reset - reset % 1
+      if f < reset then
+        reset = f + 1
+      end
+      -- The key's whole horizon, as the general path writes it.
+      local H = B * W / L
+      if a ~= 4 then
+        H = H + D
+      end
+      H = H / 1000
+      if H % 1 > 0 then
+        H = H - H % 1 + 1
+      end
+      if H < 1 then
+        H = 1
+      end
+      call('SET', k, spack('<dd', now, level), 'PX', H + slack)
+      return spack(FIRST, 1, 1, 0, rem, reset, 0, delay, 0)
+    end
+    -- Denied: the general path works out the wait.
+  elseif a == 1 or a == 3 then
+    local v = pcall('GET', k)
+    local w, n, pv
+    if v then
+      local e = v.err
+      if e then
+        if not string.find(e, 'WRONGTYPE', 1, true) then
+          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+        end
+      else
+        local x, y, z = match(v, '^(%x+):(%x+):?(%x*)$')
+        if x then
+          w, n, pv = tonumber(x, 16), tonumber(y, 16), 0
+          if z ~= '' then
+            pv = tonumber(z, 16)
+          end
+        end
+      end
+    end
+    local idx = (now - now % W) / W
+    local all = 1
+    if sh ~= 1 then
+      all = 0
+    end
+    if a == 1 then -- fixed_window
+      local cnt, keep = 0, false
+      if w and w >= idx then
+        idx, cnt, keep = w, n, true
+      end
+      local ending = (idx + 1) * W - now
+      local reset = 0
+      if cnt > 0 then
+        reset = ending
+      end
+      if c > M then
+        return spack(FIRST, all, 0, 2, L - cnt, reset, 0, 0, 0)
+      elseif cnt + c > L then
+        return spack(FIRST, all, 0, 1, L - cnt, reset, ending, 0, 0)
+      end
+      if keep then
+        call('SET', k, format('%x:%x', idx, cnt + c), 'KEEPTTL')
+      else
+        local ttl = ending / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
+        end
+        if ttl < 1 then
+          ttl = 1
+        end
+        call('SET', k, format('%x:%x', idx, cnt + c), 'PX', ttl + slack)
+      end
+      return spack(FIRST, 1, 1, 0, L - cnt - c, ending, 0, 0, idx)
+    end
+    -- sliding_window_counter
+    local cur, prev, keep = 0, 0, false
+    if w then
+      if w >= idx then
+        idx, cur, prev, keep = w, n, pv, true
+      elseif w == idx - 1 then
+        prev = n
+      end
+    end
+    local e = now - idx * W
+    if e < 0 then
+      e = 0
+    end
+    local est = prev * (W - e) / W + cur
+    local left = L - est
+    left = left - left % 1
+    if left < 0 then
+      left = 0
+    end
+    local reset = 0
+    if cur > 0 then
+      reset = 2 * W - e
+    elseif prev > 0 then
+      reset = W - e
+    end
+    if c > M then
+      return spack(FIRST, all, 0, 2, left, reset, 0, 0, 0)
+    elseif est + c <= L then
+      left = L - est - c
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      if keep then
+        call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'KEEPTTL')
+      else
+        local ttl = (2 * W - e) / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
+        end
+        if ttl < 1 then
+          ttl = 1
+        end
+        call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'PX', ttl + slack)
+      end
+      return spack(FIRST, 1, 1, 0, left, 2 * W - e, 0, 0, idx)
+    end
+    -- Denied: the general path works out the wait.
+  end
+end
+
+-- One request (so one rule: a request names a policy once).
+if nreq == 1 and npol == 1 then
+  local a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
+  local s = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
+  if s then
+    return s
+  end
+end
+
+local sub, find, rep = string.sub, string.find, string.rep
+local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+local concat = table.concat
+
 -- Policies, 6 values each from V[6 * place + 1], in one table built by its
 -- constructor from one unpack: a table per policy, or a table that grows by
 -- assignment (rehashed at every power of two), costs Redis more than the
@@ -122,18 +358,7 @@ else
   end
 end
 
--- R holds one request's rules, 17 values each from R[17 * (i - 1) + 1]:
--- what the rule answers, and what it writes if the request is admitted
--- (WTTL 0: keep the key's expiry). MAXCOST is the largest cost the policy
--- ever admits. Sized for one rule; more rules grow it once per call.
-local KEY, ALG, COST, MAXCOST, OK, HREM, HRESET, HRETRY, TREM, TRESET, TDELAY, WVAL, WTTL, TOKEN, LAT, LRANK, LTOTAL =
-  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17
-local R = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
-
 -- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
--- It is the only function every call makes: every closure costs Redis an
--- allocation and its collection, so the rest is written inline, and the
--- few helpers that buckets and denials need are made only when one does.
 -- v is what redis.pcall answered: a string, false (no key) or an error
 -- (a table with err); a string's err is nil, read with no call into C.
 local function hexes(v)
@@ -157,368 +382,427 @@ local function hexes(v)
   return tonumber(a, 16), tonumber(b, 16), tonumber(c, 16)
 end
 
--- up and level_at are made by the first bucket rule of a call, the windows'
--- paths doing the same inline: see the bucket branch below.
-local up, level_at
+-- level_at is a bucket's level at a time: a token bucket's tokens
+-- (a == 4), refilling up to B, or a leaky bucket's (and gcra's)
+-- level, draining to 0, from the state (t, x) read, if any. The
+-- level now is worked out inline below, the same way: a closure
+-- and a call cost Redis more than the arithmetic.
+local function level_at(a, t, x, B, L, W, at)
+  if a == 4 then
+    if not t then
+      return B
+    end
+    local dt = at - t
+    if dt < 0 then
+      dt = 0
+    end
+    local v = x + dt * L / W
+    if v > B then
+      return B
+    end
+    return v
+  end
+  if not t then
+    return 0
+  end
+  local dt = at - t
+  if dt < 0 then
+    dt = 0
+  end
+  local v = x - dt * L / W
+  if v < 0 then
+    return 0
+  end
+  return v
+end
 
--- The reply's strings, one per rule, sized for one.
-local reply, r = { '' }, 0
-for _ = 1, nreq do
-  local nrules, rid
-  nrules, rid, pos = sunpack('<Bd', blob, pos)
-  local all = 1
-  -- Phase one: every rule decides without writing. A key expires (ttl, in
-  -- ms) when its state no longer matters; a pinned clock adds slack.
-  for i = 1, nrules do
-    local b = 17 * (i - 1)
-    local id, sh, c, k
-    id, sh, c, k, pos = sunpack('<HBdHc0', blob, pos)
-    local v = 6 * id
-    local a, L, W, B, D, M = V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6]
-    R[b + KEY], R[b + COST], R[b + ALG], R[b + MAXCOST] = k, c, a, M
-    R[b + OK], R[b + HREM], R[b + HRESET], R[b + HRETRY], R[b + TDELAY], R[b + TOKEN] = 0, 0, 0, 0, 0, 0
-    if a == 1 then -- fixed_window
-      local idx, n, keep = (now - now % W) / W, 0, false
-      local w, cnt = hexes(pcall('GET', k))
-      if w and w >= idx then
-        -- Now's window, or a later one (the clock stepped back): its
-        -- key already expires when the window ends.
-        idx, n, keep = w, cnt, true
-      end
-      local ending = (idx + 1) * W - now
-      R[b + HREM] = L - n
-      if n > 0 then
-        R[b + HRESET] = ending
-      end
-      if c > M or n + c > L then
-        R[b + HRETRY] = ending
+-- rule decides the i-th rule of a request of several (the general path),
+-- from pos in the batch, then, by calling itself, the rules after it, and
+-- then, with the request's verdict (all) known, writes its own if the
+-- request is admitted and answers in reply[r0 + i]: every rule reads before
+-- any writes, and a rule's answer and what it writes stay in the call's
+-- locals (upper case) rather than in a table, which costs Redis more. It
+-- returns the verdict and where the request ends in the batch. It takes
+-- what it uses as arguments, not as upvalues (see single).
+local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+  local REBASE = 4503599627370496 -- 2^52: a log's totals restart below this
+  local SWEEP = 64 -- left-behind log entries removed per admission, at most
+  local RETRY_STEPS = 4
+  -- Phase one: decide without writing. A key expires (ttl, in ms) when its
+  -- state no longer matters; a pinned clock adds slack.
+  local id, sh, c, k
+  id, sh, c, k, pos = sunpack('<HBdHc0', blob, pos)
+  local v = 6 * id
+  local a, L, W, B, D, M = V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6]
+  local OK, HREM, HRESET, HRETRY, TDELAY, TOKEN = 0, 0, 0, 0, 0, 0
+  local TREM, TRESET, WVAL, WTTL, LAT, LRANK, LTOTAL
+  if a == 1 then -- fixed_window
+    local idx, n, keep = (now - now % W) / W, 0, false
+    local w, cnt = hexes(pcall('GET', k))
+    if w and w >= idx then
+      -- Now's window, or a later one (the clock stepped back): its
+      -- key already expires when the window ends.
+      idx, n, keep = w, cnt, true
+    end
+    local ending = (idx + 1) * W - now
+    HREM = L - n
+    if n > 0 then
+      HRESET = ending
+    end
+    if c > M or n + c > L then
+      HRETRY = ending
+    else
+      OK, TREM, TRESET = 1, L - n - c, ending
+      WVAL, TOKEN = format('%x:%x', idx, n + c), idx
+      if keep then
+        WTTL = 0
       else
-        R[b + OK], R[b + TREM], R[b + TRESET] = 1, L - n - c, ending
-        R[b + WVAL], R[b + TOKEN] = format('%x:%x', idx, n + c), idx
-        if keep then
-          R[b + WTTL] = 0
-        else
-          local ttl = ending / 1000
-          if ttl % 1 > 0 then
-            ttl = ttl - ttl % 1 + 1
-          end
-          if ttl < 1 then
-            ttl = 1
-          end
-          R[b + WTTL] = ttl + slack
+        local ttl = ending / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
         end
-      end
-    elseif a == 3 then -- sliding_window_counter
-      local w, n, pv = hexes(pcall('GET', k))
-      local idx, cur, prev, keep = (now - now % W) / W, 0, 0, false
-      if w then
-        if w >= idx then
-          -- The key already expires a window after this one.
-          idx, cur, prev, keep = w, n, pv, true
-        elseif w == idx - 1 then
-          prev = n
+        if ttl < 1 then
+          ttl = 1
         end
+        WTTL = ttl + slack
       end
-      local e = now - idx * W -- elapsed in the current window
-      if e < 0 then
-        e = 0
+    end
+  elseif a == 3 then -- sliding_window_counter
+    local w, n, pv = hexes(pcall('GET', k))
+    local idx, cur, prev, keep = (now - now % W) / W, 0, 0, false
+    if w then
+      if w >= idx then
+        -- The key already expires a window after this one.
+        idx, cur, prev, keep = w, n, pv, true
+      elseif w == idx - 1 then
+        prev = n
       end
-      local est = prev * (W - e) / W + cur
-      -- x - x % 1 is floor(x), exactly, without a call into C, which
-      -- costs Redis more than the arithmetic.
-      local left = L - est
+    end
+    local e = now - idx * W -- elapsed in the current window
+    if e < 0 then
+      e = 0
+    end
+    local est = prev * (W - e) / W + cur
+    -- x - x % 1 is floor(x), exactly, without a call into C, which
+    -- costs Redis more than the arithmetic.
+    local left = L - est
+    left = left - left % 1
+    if left < 0 then
+      left = 0
+    end
+    HREM = left
+    if cur > 0 then
+      HRESET = 2 * W - e
+    elseif prev > 0 then
+      HRESET = W - e
+    end
+    if c > M then
+      -- denied: cost too high
+    elseif est + c <= L then
+      left = L - est - c
       left = left - left % 1
       if left < 0 then
         left = 0
       end
-      R[b + HREM] = left
-      if cur > 0 then
-        R[b + HRESET] = 2 * W - e
-      elseif prev > 0 then
-        R[b + HRESET] = W - e
-      end
-      if c > M then
-        -- denied: cost too high
-      elseif est + c <= L then
-        left = L - est - c
-        left = left - left % 1
-        if left < 0 then
-          left = 0
-        end
-        R[b + OK], R[b + TREM], R[b + TRESET] = 1, left, 2 * W - e
-        R[b + WVAL], R[b + TOKEN] = format('%x:%x:%x', idx, cur + c, prev), idx
-        if keep then
-          R[b + WTTL] = 0
-        else
-          local ttl = (2 * W - e) / 1000
-          if ttl % 1 > 0 then
-            ttl = ttl - ttl % 1 + 1
-          end
-          if ttl < 1 then
-            ttl = 1
-          end
-          R[b + WTTL] = ttl + slack
-        end
+      OK, TREM, TRESET = 1, left, 2 * W - e
+      WVAL, TOKEN = format('%x:%x:%x', idx, cur + c, prev), idx
+      if keep then
+        WTTL = 0
       else
-        local wait
-        if cur + c <= L then
-          -- Only the previous window's weight must shrink.
-          wait = max(ceil(W - (L - cur - c) * W / prev - e), 1)
-        else
-          -- Wait into the next window, where this window's count is the
-          -- previous.
-          wait = W - e + max(ceil(W - (L - c) * W / cur), 0)
+        local ttl = (2 * W - e) / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
         end
-        -- Check the wait against the state as it stands.
-        local function admits(at)
-          local ix, cu, pr = (at - at % W) / W, 0, 0
-          if w then
-            if w >= ix then
-              ix, cu, pr = w, n, pv
-            elseif w == ix - 1 then
-              pr = n
-            end
+        if ttl < 1 then
+          ttl = 1
+        end
+        WTTL = ttl + slack
+      end
+    else
+      local wait
+      if cur + c <= L then
+        -- Only the previous window's weight must shrink.
+        wait = max(ceil(W - (L - cur - c) * W / prev - e), 1)
+      else
+        -- Wait into the next window, where this window's count is the
+        -- previous.
+        wait = W - e + max(ceil(W - (L - c) * W / cur), 0)
+      end
+      -- Check the wait against the state as it stands.
+      local function admits(at)
+        local ix, cu, pr = (at - at % W) / W, 0, 0
+        if w then
+          if w >= ix then
+            ix, cu, pr = w, n, pv
+          elseif w == ix - 1 then
+            pr = n
           end
-          local el = max(at - ix * W, 0)
-          return pr * (W - el) / W + cu + c <= L
         end
+        local el = max(at - ix * W, 0)
+        return pr * (W - el) / W + cu + c <= L
+      end
+      for _ = 1, RETRY_STEPS do
+        if admits(now + wait) then
+          break
+        end
+        wait = wait + 1
+      end
+      HRETRY = wait
+    end
+  elseif a == 2 then -- sliding_window_log
+    -- Constant arguments are strings: Redis converts a number argument
+    -- with a printf of its own.
+    local newest = pcall('ZRANGE', k, '-1', '-1', 'WITHSCORES')
+    local total, before, rank = 0, 0, -1
+    local at = now
+    WVAL = 'fresh'
+    if type(newest) ~= 'table' or newest.err then
+      hexes(newest) -- raises if the key cannot be read
+      WVAL = 'replace' -- a key of another type
+    elseif #newest > 0 then
+      WVAL = 'append'
+      total = tonumber(sub(newest[1], 1, 14), 16)
+      local ts = tonumber(newest[2])
+      at = max(now, ts)
+      -- The entry at or before the edge with the greatest time: the
+      -- window holds what came after it.
+      local edge = call('ZRANGE', k, now - W, '-inf', 'BYSCORE', 'REV', 'LIMIT', '0', '1')
+      before = tonumber(sub(edge[1], 1, 14), 16)
+      rank = call('ZRANK', k, edge[1])
+      if total - before > 0 then
+        HRESET = ts + W - now
+      end
+    end
+    local n = total - before
+    HREM = L - n
+    if c > M then
+      -- denied: cost too high
+    elseif n + c > L then
+      -- The oldest entries must leave until the request fits: find the
+      -- first whose total frees enough, by binary search on rank.
+      local want = before + n + c - L
+      local lo, hi = rank + 1, -1
+      if WVAL == 'append' then
+        hi = call('ZCARD', k) - 1
+      end
+      while lo < hi do
+        local mid = floor((lo + hi) / 2)
+        if tonumber(sub(call('ZRANGE', k, mid, mid)[1], 1, 14), 16) >= want then
+          hi = mid
+        else
+          lo = mid + 1
+        end
+      end
+      HRETRY = tonumber(call('ZRANGE', k, lo, lo, 'WITHSCORES')[2]) + W - now
+    else
+      OK, TREM, TRESET = 1, L - n - c, at + W - now
+      LAT, LRANK, WTTL, TOKEN = at, rank, max(ceil((at + W - now) / 1000), 1) + slack, at
+      LTOTAL = total + c
+    end
+  else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
+    local t, x
+    local v = pcall('GET', k)
+    if v then
+      local e = v.err
+      if e then
+        if not find(e, 'WRONGTYPE', 1, true) then
+          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+        end
+      elseif #v == 16 then
+        t, x = sunpack('<dd', v)
+      end
+    end
+    -- x - x % 1 is floor(x), and f + 1 where f < x ceil(x), exactly.
+    local level, reset
+    if a == 4 then
+      level = B
+      if t then
+        local dt = now - t
+        if dt < 0 then
+          dt = 0
+        end
+        level = x + dt * L / W
+        if level > B then
+          level = B
+        end
+      end
+      HREM = level - level % 1
+      reset = (B - level) * W / L
+    else
+      level = 0
+      if t then
+        local dt = now - t
+        if dt < 0 then
+          dt = 0
+        end
+        level = x - dt * L / W
+        if level < 0 then
+          level = 0
+        end
+      end
+      local left = B - level
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      HREM = left
+      reset = level * W / L
+    end
+    local f = reset - reset % 1
+    if f < reset then
+      reset = f + 1
+    end
+    HRESET = reset
+    if c > M then
+      -- denied: cost too high
+    elseif a == 4 then
+      if level < c then
+        local wait = ceil((c - level) * W / L)
         for _ = 1, RETRY_STEPS do
-          if admits(now + wait) then
+          if level_at(a, t, x, B, L, W, now + wait) >= c then
             break
           end
           wait = wait + 1
         end
-        R[b + HRETRY] = wait
-      end
-    elseif a == 2 then -- sliding_window_log
-      local newest = pcall('ZRANGE', k, -1, -1, 'WITHSCORES')
-      local total, before, rank, card = 0, 0, -1, 0
-      local at = now
-      R[b + WVAL] = 'fresh'
-      if type(newest) ~= 'table' or newest.err then
-        hexes(newest) -- raises if the key cannot be read
-        R[b + WVAL] = 'replace' -- a key of another type
-      elseif #newest > 0 then
-        R[b + WVAL] = 'append'
-        total = tonumber(sub(newest[1], 1, 14), 16)
-        local ts = tonumber(newest[2])
-        at = max(now, ts)
-        -- The entry at or before the edge with the greatest time: the
-        -- window holds what came after it.
-        local edge = call('ZRANGE', k, now - W, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
-        before = tonumber(sub(edge[1], 1, 14), 16)
-        rank = call('ZRANK', k, edge[1])
-        card = call('ZCARD', k)
-        if total - before > 0 then
-          R[b + HRESET] = ts + W - now
-        end
-      end
-      local n = total - before
-      R[b + HREM] = L - n
-      if c > M then
-        -- denied: cost too high
-      elseif n + c > L then
-        -- The oldest entries must leave until the request fits: find the
-        -- first whose total frees enough, by binary search on rank.
-        local want = before + n + c - L
-        local lo, hi = rank + 1, card - 1
-        while lo < hi do
-          local mid = floor((lo + hi) / 2)
-          if tonumber(sub(call('ZRANGE', k, mid, mid)[1], 1, 14), 16) >= want then
-            hi = mid
-          else
-            lo = mid + 1
-          end
-        end
-        R[b + HRETRY] = tonumber(call('ZRANGE', k, lo, lo, 'WITHSCORES')[2]) + W - now
+        HRETRY = wait
       else
-        R[b + OK], R[b + TREM], R[b + TRESET] = 1, L - n - c, at + W - now
-        R[b + LAT], R[b + LRANK], R[b + WTTL], R[b + TOKEN] = at, rank, max(ceil((at + W - now) / 1000), 1) + slack, at
-        R[b + LTOTAL] = total + c
-      end
-    else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
-      if not up then
-        -- up(x) is math.ceil(x), and x - x % 1 math.floor(x), exactly: a
-        -- call into C costs Redis several times what the arithmetic does,
-        -- so the hot paths call neither.
-        up = function(x)
-          local f = x - x % 1
-          if f < x then
-            return f + 1
-          end
-          return f
+        level = level - c
+        reset = (B - level) * W / L
+        f = reset - reset % 1
+        if f < reset then
+          reset = f + 1
         end
-        -- level_at is a bucket's level at a time: a token bucket's tokens
-        -- (a == 4), refilling up to B, or a leaky bucket's (and gcra's)
-        -- level, draining to 0, from the state (t, x) read, if any.
-        level_at = function(a, t, x, B, L, W, at)
-          if a == 4 then
-            if not t then
-              return B
-            end
-            local dt = at - t
-            if dt < 0 then
-              dt = 0
-            end
-            local v = x + dt * L / W
-            if v > B then
-              return B
-            end
-            return v
+        OK, TREM, TRESET = 1, level - level % 1, reset
+      end
+    else
+      -- The request waits until enough has drained for it to fit.
+      local over, wait = level + c - B, 0
+      if over > 0 then
+        wait = ceil(over * W / L)
+      end
+      if wait > D then
+        local retry = wait - D
+        for _ = 1, RETRY_STEPS do
+          local o = level_at(a, t, x, B, L, W, now + retry) + c - B
+          if o <= 0 or ceil(o * W / L) <= D then
+            break
           end
-          if not t then
-            return 0
-          end
-          local dt = at - t
-          if dt < 0 then
-            dt = 0
-          end
-          local v = x - dt * L / W
-          if v < 0 then
-            return 0
-          end
-          return v
+          retry = retry + 1
         end
-      end
-      local t, x
-      local v = pcall('GET', k)
-      if type(v) == 'string' and #v == 16 then
-        t, x = sunpack('<dd', v)
+        HRETRY = retry
       else
-        hexes(v) -- raises if the key cannot be read
-      end
-      local level = level_at(a, t, x, B, L, W, now)
-      if a == 4 then
-        R[b + HREM] = level - level % 1
-        R[b + HRESET] = up((B - level) * W / L)
-      else
+        level = level + c
         local left = B - level
         left = left - left % 1
         if left < 0 then
           left = 0
         end
-        R[b + HREM] = left
-        R[b + HRESET] = up(level * W / L)
-      end
-      if c > M then
-        -- denied: cost too high
-      elseif a == 4 then
-        if level < c then
-          local wait = ceil((c - level) * W / L)
-          for _ = 1, RETRY_STEPS do
-            if level_at(a, t, x, B, L, W, now + wait) >= c then
-              break
-            end
-            wait = wait + 1
-          end
-          R[b + HRETRY] = wait
-        else
-          level = level - c
-          R[b + OK], R[b + TREM], R[b + TRESET] = 1, level - level % 1, up((B - level) * W / L)
+        reset = level * W / L
+        f = reset - reset % 1
+        if f < reset then
+          reset = f + 1
         end
-      else
-        -- The request waits until enough has drained for it to fit.
-        local over, wait = level + c - B, 0
-        if over > 0 then
-          wait = ceil(over * W / L)
-        end
-        if wait > D then
-          local retry = wait - D
-          for _ = 1, RETRY_STEPS do
-            local o = level_at(a, t, x, B, L, W, now + retry) + c - B
-            if o <= 0 or ceil(o * W / L) <= D then
-              break
-            end
-            retry = retry + 1
-          end
-          R[b + HRETRY] = retry
-        else
-          level = level + c
-          local left = B - level
-          left = left - left % 1
-          if left < 0 then
-            left = 0
-          end
-          R[b + OK], R[b + TREM], R[b + TRESET], R[b + TDELAY] = 1, left, up(level * W / L), wait
-        end
-      end
-      if R[b + OK] == 1 then
-        -- The key lives as long as its state can matter: a full refill
-        -- (token_bucket) or drain (leaky_bucket, gcra, whose level may
-        -- exceed B by the delay), in ms. Written with its whole horizon
-        -- rather than the time its state matters now, a busy client's key
-        -- is overwritten, not expired and created again at every request:
-        -- the difference is Redis's active expiry, which otherwise deletes
-        -- a key for every request.
-        local H = B * W / L
-        if a ~= 4 then
-          H = H + D
-        end
-        H = H / 1000
-        if H % 1 > 0 then
-          H = H - H % 1 + 1
-        end
-        if H < 1 then
-          H = 1
-        end
-        R[b + WVAL], R[b + WTTL] = spack('<dd', now, level), H + slack
+        OK, TREM, TRESET, TDELAY = 1, left, reset, wait
       end
     end
-    if R[b + OK] == 0 and sh ~= 1 then
-      all = 0
+    if OK == 1 then
+      -- The key lives as long as its state can matter: a full refill
+      -- (token_bucket) or drain (leaky_bucket, gcra, whose level may
+      -- exceed B by the delay), in ms. Written with its whole horizon
+      -- rather than the time its state matters now, a busy client's key
+      -- is overwritten, not expired and created again at every request:
+      -- the difference is Redis's active expiry, which otherwise deletes
+      -- a key for every request.
+      local H = B * W / L
+      if a ~= 4 then
+        H = H + D
+      end
+      H = H / 1000
+      if H % 1 > 0 then
+        H = H - H % 1 + 1
+      end
+      if H < 1 then
+        H = 1
+      end
+      WVAL, WTTL = spack('<dd', now, level), H + slack
     end
+  end
+  if OK == 0 and sh ~= 1 then
+    all = 0
+  end
+  if i < nrules then
+    all, pos = rule(i + 1, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
   end
   -- Phase two: only if the request is admitted, write, and answer with the
   -- counts after consuming; otherwise answer with the counts as they stand.
-  for i = 1, nrules do
-    local b = 17 * (i - 1)
-    local ok, reason, rem, reset, retry, delay = R[b + OK], 0, R[b + HREM], R[b + HRESET], R[b + HRETRY], 0
-    if R[b + COST] > R[b + MAXCOST] then
-      reason, retry = 2, 0
-    elseif ok == 0 then
-      reason = 1
-    elseif all == 1 then
-      local k = R[b + KEY]
-      if R[b + ALG] ~= 2 then
-        if R[b + WTTL] == 0 then
-          call('SET', k, R[b + WVAL], 'KEEPTTL')
-        else
-          call('SET', k, R[b + WVAL], 'PX', R[b + WTTL])
-        end
+  local ok, reason, rem, reset, retry, delay = OK, 0, HREM, HRESET, HRETRY, 0
+  if c > M then
+    reason, retry = 2, 0
+  elseif ok == 0 then
+    reason = 1
+  elseif all == 1 then
+    if a ~= 2 then
+      if WTTL == 0 then
+        call('SET', k, WVAL, 'KEEPTTL')
       else
-        -- Record the admission in the log.
-        local total, rank = R[b + LTOTAL], R[b + LRANK]
-        if R[b + WVAL] == 'replace' then
-          call('DEL', k)
-        end
-        if R[b + WVAL] ~= 'append' then
-          call('ZADD', k, '-inf', '00000000000000')
-        elseif total >= REBASE then
-          -- Restart the totals from the kept edge entry: rewrite the
-          -- window.
-          local kept = call('ZRANGE', k, rank, -1, 'WITHSCORES')
-          local base = tonumber(sub(kept[1], 1, 14), 16)
-          call('DEL', k)
-          call('ZADD', k, '-inf', '00000000000000')
-          for j = 3, #kept, 2 do
-            call('ZADD', k, kept[j + 1], format('%014x', tonumber(sub(kept[j], 1, 14), 16) - base) .. sub(kept[j], 15))
-          end
-          total, rank = total - base, 0
-        end
-        call('ZADD', k, R[b + LAT], format('%014x:%x', total, rid))
-        call('PEXPIRE', k, R[b + WTTL])
-        if rank > 0 then
-          call('ZREMRANGEBYRANK', k, 0, min(rank, SWEEP) - 1)
-        end
+        call('SET', k, WVAL, 'PX', WTTL)
       end
-      rem, reset, delay = R[b + TREM], R[b + TRESET], R[b + TDELAY]
-    end
-    r = r + 1
-    if i == 1 then
-      reply[r] = spack(FIRST, all, ok, reason, rem, reset, retry, delay, R[b + TOKEN])
     else
-      reply[r] = spack(NEXT, ok, reason, rem, reset, retry, delay, R[b + TOKEN])
+      -- Record the admission in the log.
+      local total, rank = LTOTAL, LRANK
+      if WVAL == 'replace' then
+        call('DEL', k)
+      end
+      if WVAL ~= 'append' then
+        call('ZADD', k, '-inf', '00000000000000')
+      elseif total >= REBASE then
+        -- Restart the totals from the kept edge entry: rewrite the
+        -- window.
+        local kept = call('ZRANGE', k, rank, '-1', 'WITHSCORES')
+        local base = tonumber(sub(kept[1], 1, 14), 16)
+        call('DEL', k)
+        call('ZADD', k, '-inf', '00000000000000')
+        for j = 3, #kept, 2 do
+          call('ZADD', k, kept[j + 1], format('%014x', tonumber(sub(kept[j], 1, 14), 16) - base) .. sub(kept[j], 15))
+        end
+        total, rank = total - base, 0
+      end
+      call('ZADD', k, LAT, format('%014x:%x', total, rid))
+      call('PEXPIRE', k, WTTL)
+      if rank > 0 then
+        call('ZREMRANGEBYRANK', k, '0', min(rank, SWEEP) - 1)
+      end
     end
+    rem, reset, delay = TREM, TRESET, TDELAY
+  end
+  if i == 1 then
+    reply[r0 + 1] = spack(FIRST, all, ok, reason, rem, reset, retry, delay, TOKEN)
+  else
+    reply[r0 + i] = spack(NEXT, ok, reason, rem, reset, retry, delay, TOKEN)
+  end
+  return all, pos
+end
+
+-- The reply's strings, one per rule, sized for one.
+local reply, r = { '' }, 0
+for _ = 1, nreq do
+  -- A request and its first rule, in one unpack (every request has one).
+  -- A request of one rule is single's, unless it is denied and must work
+  -- out its wait; rule reads the rules again from the first.
+  local nrules, rid, id, sh, c, k, at = sunpack('<BdHBdHc0', blob, pos)
+  local s
+  if nrules == 1 then
+    local v = 6 * id
+    s = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
+    if s then
+      r = r + 1
+      reply[r], pos = s, at
+    end
+  end
+  if not s then
+    local _
+    _, pos = rule(1, nrules, 1, pos + 9, r, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+    r = r + nrules
   end
 end
 if r == 1 then
