@@ -18,7 +18,6 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
-	"google.golang.org/grpc"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/envoyconf"
@@ -63,7 +62,6 @@ func (u *policyUnion) setRLS(ps []*algo.Policy) error {
 // service of the configuration in force, swapped whole by a reload: a
 // request answers under the service it started with.
 type rlsSwitch struct {
-	pb.UnimplementedRateLimitServiceServer
 	cur atomic.Pointer[rls.Service]
 }
 
@@ -74,9 +72,6 @@ func (s *rlsSwitch) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest)
 
 // ServeJSON answers POST /json.
 func (s *rlsSwitch) ServeJSON(ctx *fasthttp.RequestCtx) { s.cur.Load().ServeJSON(ctx) }
-
-// Register serves the service on g.
-func (s *rlsSwitch) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
 
 // replacingRegisterer registers collectors in place of those already
 // registered under the same names: a reloaded rate-limit service registers

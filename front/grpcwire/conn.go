@@ -188,8 +188,15 @@ func (c *conn) keepReading() bool {
 	stuck := len(c.blocked) > 0 && time.Since(c.blockedAt) > c.srv.opts.WriteTimeout
 	closing := c.closing || c.closed
 	c.mu.Unlock()
-	if idle || stuck || closing {
+	if stuck || closing {
 		return false
+	}
+	if idle {
+		// GOAWAY first, so that the client sends no call into a closing
+		// connection (one already on its way is ignored, and the client
+		// retries it elsewhere); the connection closes a moment later.
+		c.goAway()
+		return c.nc.SetReadDeadline(time.Now().Add(drainTime)) == nil
 	}
 	return c.nc.SetReadDeadline(time.Now().Add(c.readInterval())) == nil
 }
