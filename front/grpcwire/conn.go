@@ -227,9 +227,11 @@ func (c *conn) serve() {
 	case errors.Is(err, http2.ErrFrameTooLarge):
 		ce = connError{http2.ErrCodeFrameSize, "frame too large"}
 	default:
+		c.srv.opts.Log.Debug("grpc connection closed", "err", err)
 		c.closeNow(err)
 		return
 	}
+	c.srv.opts.Log.Debug("grpc connection error", "code", ce.code.String(), "err", ce.msg)
 	c.mu.Lock()
 	if !c.closed {
 		c.wbuf = appendFrameHeader(c.wbuf, 8+len(ce.msg), frameGoAway, 0, 0)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -56,6 +57,9 @@ func (e *echo) Echo(ctx context.Context, r *wrapperspb.BytesValue) (*wrapperspb.
 // testServer serves echo and health on loopback with opts.
 func testServer(t *testing.T, opts Options) (*Server, *echo, *Health, string) {
 	t.Helper()
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	s := NewServer(opts)
 	e := &echo{started: make(chan string, 100), ended: make(chan error, 100), release: make(chan struct{})}
 	if err := Unary(s, echoPath, e.Echo); err != nil {
@@ -81,6 +85,11 @@ func testServer(t *testing.T, opts Options) (*Server, *echo, *Health, string) {
 	})
 	return s, e, h, l.Addr().String()
 }
+
+// tWriter logs to the test.
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
 
 func dial(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
