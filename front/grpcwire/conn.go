@@ -153,7 +153,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(readFrameSize)
 	c.dec = hpack.NewDecoder(4096, c.field)
-	c.dec.SetMaxStringLength(int(s.opts.MaxHeaderListSize))
+	c.dec.SetMaxStringLength(2 * int(s.opts.MaxHeaderListSize))
 	return c
 }
 
@@ -373,9 +373,10 @@ func (c *conn) frame(f http2.Frame) error {
 	}
 }
 
-// checkBlock bounds a header block still open.
+// checkBlock bounds a header block: compressed, it may not be larger
+// than twice the header list it may decode to.
 func (c *conn) checkBlock() error {
-	if len(c.block) > int(c.srv.opts.MaxHeaderListSize) {
+	if len(c.block) > 2*int(c.srv.opts.MaxHeaderListSize) {
 		return connError{http2.ErrCodeEnhanceYourCalm, "header block too large"}
 	}
 	return nil
@@ -528,6 +529,9 @@ func (c *conn) finishLocked(s *stream) {
 
 // headers handles a complete header block.
 func (c *conn) headers() error {
+	if err := c.checkBlock(); err != nil {
+		return err
+	}
 	id := c.blockID
 	c.hdr = reqHeaders{}
 	if _, err := c.dec.Write(c.block); err != nil {

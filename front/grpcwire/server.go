@@ -52,7 +52,8 @@ type Options struct {
 	// answered RESOURCE_EXHAUSTED.
 	MaxRecvMsgSize int
 	// MaxHeaderListSize is the largest request header list (as HTTP/2
-	// counts it), and the largest compressed header block.
+	// counts it: a larger one is answered 431); a compressed header block
+	// larger than twice it ends the connection (ENHANCE_YOUR_CALM).
 	MaxHeaderListSize uint32
 	// MaxConns is the most connections kept at once; those beyond are
 	// closed at once. 0: no cap.
