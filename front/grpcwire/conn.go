@@ -853,7 +853,7 @@ func (c *conn) endRequest(s *stream) error {
 	}
 	s.handling = true
 	c.mu.Unlock()
-	go c.run(s)
+	c.srv.start(c, s)
 	return nil
 }
 

@@ -123,13 +123,51 @@ type Server struct {
 	stopped   bool
 	draining  chan struct{} // closed by GracefulStop and Stop
 	connsDone sync.WaitGroup
+	// calls hands a call to a worker waiting for one (see start).
+	calls chan pending
+}
+
+// pending is a call for a worker to run.
+type pending struct {
+	c *conn
+	s *stream
+}
+
+// workerIdle is how long a worker waits for its next call before it ends.
+const workerIdle = 10 * time.Second
+
+// start runs a call on a worker waiting for one, or on a new one. A
+// worker's stack has grown to what handlers need (decoding a request
+// message takes several kilobytes): a new goroutine per call would grow
+// its stack each time, a tenth of a small call's cost.
+func (s *Server) start(c *conn, st *stream) {
+	select {
+	case s.calls <- pending{c, st}:
+	default:
+		go s.work(pending{c, st})
+	}
+}
+
+// work runs calls until none came for workerIdle.
+func (s *Server) work(next pending) {
+	t := time.NewTimer(workerIdle)
+	defer t.Stop()
+	for {
+		next.c.run(next.s)
+		t.Reset(workerIdle)
+		select {
+		case next = <-s.calls:
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // NewServer returns a server with no method yet.
 func NewServer(opts Options) *Server {
 	opts.fill()
 	return &Server{opts: opts, methods: map[string]*method{}, services: map[string]bool{},
-		listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, draining: make(chan struct{})}
+		listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, draining: make(chan struct{}), calls: make(chan pending)}
 }
 
 // register adds m under path, "/package.Service/Method".
