@@ -17,7 +17,7 @@ func registerExtAuthz(g *grpcwire.Server, a *app, s *settings) error {
 	if err != nil {
 		return err
 	}
-	return grpcwire.Unary(g, "/envoy.service.auth.v3.Authorization/Check", srv.Check)
+	return srv.Register(g)
 }
 
 // holdCtx holds a shaped Check for d, until its caller goes away, or until

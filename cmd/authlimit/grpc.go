@@ -189,7 +189,7 @@ func (a *app) registerServices(g *grpcwire.Server, h *grpcwire.Health, s *settin
 		return err
 	}
 	if a.rls != nil {
-		if err := grpcwire.Unary(g, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", a.rls.ShouldRateLimit); err != nil {
+		if err := a.rls.Register(g); err != nil {
 			return err
 		}
 	}

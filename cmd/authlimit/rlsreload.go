@@ -21,6 +21,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/envoyconf"
+	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 )
@@ -68,6 +69,11 @@ type rlsSwitch struct {
 // ShouldRateLimit implements the rate-limit service.
 func (s *rlsSwitch) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	return s.cur.Load().ShouldRateLimit(ctx, r)
+}
+
+// Register serves the service's ShouldRateLimit on g.
+func (s *rlsSwitch) Register(g *grpcwire.Server) error {
+	return grpcwire.Unary(g, rls.ShouldRateLimitMethod, s.ShouldRateLimit)
 }
 
 // ServeJSON answers POST /json.
