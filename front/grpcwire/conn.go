@@ -119,6 +119,7 @@ type stream struct {
 	recvUsed   int     // bytes received on the stream's window
 	recvAcked  int     // of those, returned
 	ended      bool    // the client's side ended
+	stale      bool    // no DATA came since the reader last looked
 	compressed bool    // grpc-encoding is other than identity
 
 	// mu
@@ -184,12 +185,26 @@ func (c *conn) keepReading() bool {
 	opened := c.opened
 	c.opened = 0
 	c.mu.Lock()
+	// A request that got no byte for a whole interval is cut off: its
+	// client holds a call's place and sends nothing.
+	var stale []uint32
+	for id, s := range c.streams {
+		if !s.ended {
+			if s.stale {
+				stale = append(stale, id)
+			}
+			s.stale = true
+		}
+	}
 	idle := c.active == 0 && opened == 0
 	stuck := len(c.blocked) > 0 && time.Since(c.blockedAt) > c.srv.opts.WriteTimeout
 	closing := c.closing || c.closed
 	c.mu.Unlock()
 	if stuck || closing {
 		return false
+	}
+	for _, id := range stale {
+		c.resetStream(id, http2.ErrCodeCancel)
 	}
 	if idle {
 		// GOAWAY first, so that the client sends no call into a closing
@@ -750,6 +765,7 @@ func (c *conn) data(f *http2.DataFrame) error {
 		return nil
 	}
 	s.recvUsed += n
+	s.stale = false
 	if s.recvUsed-s.recvAcked > streamWindow {
 		c.release(n)
 		c.resetStream(s.id, http2.ErrCodeFlowControl)

@@ -108,3 +108,19 @@ func TestMaxConns(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestRawStalledRequest: a request whose client stops sending is reset
+// (CANCEL) within two read intervals, and its place is free again.
+func TestRawStalledRequest(t *testing.T) {
+	_, _, _, addr := testServer(t, Options{MaxConcurrentStreams: 1, IdleTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	r := rawDial(t, addr)
+	r.headers(1, false, grpcHeaders(echoPath)...)
+	_ = r.fr.WriteData(1, false, []byte{0, 0})
+	if a := r.answer(1); !a.reset || a.rst != http2.ErrCodeCancel {
+		t.Fatalf("stalled request: %+v, want RST_STREAM CANCEL", a)
+	}
+	r.call(3, "next")
+	if a := r.answer(3); a.grpcStatus != "0" {
+		t.Errorf("call after the stalled one: %+v", a)
+	}
+}

@@ -62,12 +62,17 @@ type Options struct {
 	// preface and first SETTINGS.
 	PrefaceTimeout time.Duration
 	// IdleTimeout closes a connection that had no call in flight and
-	// started none for that long (it is closed between one and two
-	// IdleTimeouts after its last call).
+	// started none for that long, with GOAWAY.
 	IdleTimeout time.Duration
 	// WriteTimeout bounds each write to the socket, and how long a
 	// response may wait for the client to open its flow-control window.
 	WriteTimeout time.Duration
+	//
+	// The connection's reader looks at these every interval of
+	// min(IdleTimeout, max(WriteTimeout, 1s)): a connection idle for a
+	// whole interval is closed, as is one whose response waited longer
+	// than WriteTimeout; a request whose client sent nothing for a whole
+	// interval is reset (CANCEL). Each happens within two intervals.
 	// Log gets the accept errors and the handlers' panics.
 	Log *slog.Logger
 }
