@@ -86,6 +86,7 @@ type conn struct {
 	connUnused int // the connection's received bytes not yet returned
 	connRecv   int // bytes received on the connection's window
 	opened     int // streams opened since the read deadline was last set
+	flooded    bool // too many control frames wait: the connection ends
 
 	mu          sync.Mutex
 	streams     map[uint32]*stream
@@ -320,12 +321,18 @@ func (c *conn) readFrames() error {
 			var se http2.StreamError
 			if errors.As(err, &se) {
 				c.resetStream(se.StreamID, se.Code)
+				if c.flooded {
+					return errFlood
+				}
 				continue
 			}
 			return err
 		}
 		if err := c.frame(f); err != nil {
 			return err
+		}
+		if c.flooded {
+			return errFlood
 		}
 	}
 }
@@ -403,12 +410,17 @@ func (c *conn) checkBlock() error {
 func (c *conn) control() error {
 	c.queued++
 	if c.queued > maxQueuedControl {
+		c.flooded = true
 		c.mu.Unlock()
-		return connError{http2.ErrCodeEnhanceYourCalm, "too many control frames unanswered"}
+		return errFlood
 	}
 	c.flushLocked()
 	return nil
 }
+
+// errFlood ends a connection whose client does not read the answers to
+// its control frames.
+var errFlood = connError{http2.ErrCodeEnhanceYourCalm, "too many control frames unanswered"}
 
 // settings applies the client's SETTINGS and acknowledges them.
 func (c *conn) settings(f *http2.SettingsFrame) error {
