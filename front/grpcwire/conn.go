@@ -83,9 +83,9 @@ type conn struct {
 	blockEnd   bool // its HEADERS frame ended the stream
 	hdr        reqHeaders
 	hdrErr     error
-	connUnused int // the connection's received bytes not yet returned
-	connRecv   int // bytes received on the connection's window
-	opened     int // streams opened since the read deadline was last set
+	connUnused int  // the connection's received bytes not yet returned
+	connRecv   int  // bytes received on the connection's window
+	opened     int  // streams opened since the read deadline was last set
 	flooded    bool // too many control frames wait: the connection ends
 
 	mu          sync.Mutex
