@@ -82,7 +82,6 @@ type conn struct {
 	blockID    uint32
 	blockEnd   bool // its HEADERS frame ended the stream
 	hdr        reqHeaders
-	hdrErr     error
 	connUnused int  // the connection's received bytes not yet returned
 	connRecv   int  // bytes received on the connection's window
 	opened     int  // streams opened since the read deadline was last set
@@ -116,12 +115,11 @@ type stream struct {
 	m      *method
 
 	// reader
-	req        *[]byte // the request's bytes as received
-	recvUsed   int     // bytes received on the stream's window
-	recvAcked  int     // of those, returned
-	ended      bool    // the client's side ended
-	stale      bool    // no DATA came since the reader last looked
-	compressed bool    // grpc-encoding is other than identity
+	req       *[]byte // the request's bytes as received
+	recvUsed  int     // bytes received on the stream's window
+	recvAcked int     // of those, returned
+	ended     bool    // the client's side ended
+	stale     bool    // no DATA came since the reader last looked
 
 	// mu
 	sendWindow  int64
@@ -865,7 +863,8 @@ func (c *conn) endRequest(s *stream) error {
 		st = status.New(codes.Internal, "cardinality violation: received no request message from non-client-streaming RPC")
 	case len(b) < 5 || len(b) < 5+(int(b[1])<<24|int(b[2])<<16|int(b[3])<<8|int(b[4])):
 		st = status.New(codes.Internal, "grpc: the request ended within a message")
-	case b[0] == 1 && !s.compressed:
+	case b[0] == 1:
+		// A grpc-encoding other than identity was refused at once.
 		st = status.New(codes.Internal, "grpc: compressed flag set with identity or empty encoding")
 	case b[0] > 1:
 		st = status.Newf(codes.Internal, "grpc: received unexpected payload format %d", b[0])

@@ -23,8 +23,6 @@ const (
 	flagEndStream  = 0x1
 	flagAck        = 0x1
 	flagEndHeaders = 0x4
-
-	frameHeaderLen = 9
 )
 
 // appendFrameHeader appends a frame header (section 4.1).
