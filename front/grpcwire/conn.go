@@ -168,14 +168,19 @@ func (r deadlineReader) Read(p []byte) (int, error) {
 	c := r.c
 	for {
 		n, err := c.nc.Read(p)
-		var ne net.Error
-		if n > 0 || err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+		if n > 0 || err == nil || !isTimeout(err) {
 			return n, err
 		}
 		if !c.keepReading() {
 			return n, err
 		}
 	}
+}
+
+// isTimeout reports whether err is a passed deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // keepReading decides, when the read deadline passed, whether the
