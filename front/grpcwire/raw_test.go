@@ -386,3 +386,34 @@ func TestRawRapidReset(t *testing.T) {
 		t.Errorf("call after the held ones: %+v", a)
 	}
 }
+
+// TestRawMaxFrameSize: DATA frames are as large as the client's
+// SETTINGS_MAX_FRAME_SIZE allows, and no larger.
+func TestRawMaxFrameSize(t *testing.T) {
+	_, _, _, addr := testServer(t, Options{})
+	for _, tc := range []struct {
+		setting []http2.Setting
+		largest int
+	}{
+		{nil, 16384},
+		{[]http2.Setting{{ID: http2.SettingMaxFrameSize, Val: 40000}}, 30000 + 5 + 1 + 3},
+	} {
+		r := rawDial(t, addr, tc.setting...)
+		r.fr.SetMaxReadFrameSize(1 << 20)
+		r.call(1, string(bytes.Repeat([]byte("f"), 30000)))
+		largest := 0
+		for done := false; !done; {
+			switch f := r.read().(type) {
+			case *http2.DataFrame:
+				largest = max(largest, len(f.Data()))
+			case *http2.MetaHeadersFrame:
+				done = f.StreamEnded()
+			case nil:
+				t.Fatal("the connection ended")
+			}
+		}
+		if largest != tc.largest {
+			t.Errorf("settings %v: largest DATA frame %d bytes, want %d", tc.setting, largest, tc.largest)
+		}
+	}
+}
