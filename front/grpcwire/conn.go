@@ -93,7 +93,8 @@ type conn struct {
 	maxStream   uint32
 	wbuf, spare []byte
 	flushing    bool
-	queued      int // control frames queued since the last write began
+	wdl         time.Time // the socket's write deadline (by the one writing)
+	queued      int       // control frames queued since the last write began
 	sendWindow  int64
 	peerWindow  int64 // the peer's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame    int
@@ -1091,7 +1092,7 @@ func (c *conn) flushLocked() {
 		b := c.wbuf
 		c.wbuf, c.queued = c.spare[:0], 0
 		c.mu.Unlock()
-		err := c.nc.SetWriteDeadline(time.Now().Add(c.srv.opts.WriteTimeout))
+		err := c.writeDeadline()
 		if err == nil {
 			_, err = c.nc.Write(b)
 		}
@@ -1121,6 +1122,18 @@ func (c *conn) flushLocked() {
 		}
 		_ = c.nc.SetReadDeadline(time.Now().Add(drainTime))
 	}
+}
+
+// writeDeadline gives the next write at least half of WriteTimeout, and
+// at most all of it: the socket's deadline is moved only when less than
+// half is left, not on every write (called by the one writing).
+func (c *conn) writeDeadline() error {
+	now, t := time.Now(), c.srv.opts.WriteTimeout
+	if c.wdl.Sub(now) >= t/2 {
+		return nil
+	}
+	c.wdl = now.Add(t)
+	return c.nc.SetWriteDeadline(c.wdl)
 }
 
 // goAway stops the connection taking calls: GOAWAY with the last stream

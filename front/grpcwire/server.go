@@ -64,8 +64,9 @@ type Options struct {
 	// IdleTimeout closes a connection that had no call in flight and
 	// started none for that long, with GOAWAY.
 	IdleTimeout time.Duration
-	// WriteTimeout bounds each write to the socket, and how long a
-	// response may wait for the client to open its flow-control window.
+	// WriteTimeout bounds each write to the socket (a write gets at least
+	// half of it), and how long a response may wait for the client to
+	// open its flow-control window.
 	WriteTimeout time.Duration
 	//
 	// The connection's reader looks at these every interval of
