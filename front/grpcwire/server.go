@@ -4,8 +4,8 @@
 // service with its server-streaming Watch. It owns the wire: the accept
 // loop, one reading goroutine per connection, HTTP/2 framing, flow
 // control and the gRPC framing of messages, and runs each call's handler
-// on a goroutine of its own, so that a call held for a while never holds
-// the others.
+// on a goroutine of its own (a worker that then waits for the next call),
+// so that a call held for a while never holds the others.
 //
 // A response is written by the goroutine that produced it, under the
 // connection's lock: the frames of every response ready at that moment go
