@@ -282,3 +282,29 @@ func TestHealth(t *testing.T) {
 		t.Fatal("GracefulStop did not return with a Watch open")
 	}
 }
+
+// TestGRPCGoClientStreamLimit: grpc-go's client keeps to the advertised
+// MAX_CONCURRENT_STREAMS; calls beyond it wait for a place and succeed.
+func TestGRPCGoClientStreamLimit(t *testing.T) {
+	_, _, _, addr := testServer(t, Options{MaxConcurrentStreams: 3})
+	c := dial(t, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 60)
+	for i := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := fmt.Appendf(nil, "call %d", i)
+			if got, err := call(ctx, c, v); err != nil || string(got) != string(v) {
+				errs <- fmt.Errorf("call %d: %q, %v", i, got, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
