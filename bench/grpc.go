@@ -20,9 +20,10 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/authlimit/authlimit/front/grpcwire"
 )
 
 // rlsDomain and rlsKey are the rate-limit service's domain and descriptor
@@ -259,12 +260,9 @@ func startEnvoyRatelimit(ctx context.Context, e *runEnv) (*instance, error) {
 }
 
 // grpcNull answers every ShouldRateLimit with OK and every Check with an
-// ok_response, deciding nothing: the floor of any gRPC answer, as the null
-// server is of any HTTP answer.
-type grpcNull struct {
-	rlsv3.UnimplementedRateLimitServiceServer
-	authv3.UnimplementedAuthorizationServer
-}
+// ok_response, deciding nothing: the floor of any gRPC answer of
+// authlimit's own gRPC server, as the null server is of any HTTP answer.
+type grpcNull struct{}
 
 func (grpcNull) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
@@ -289,11 +287,17 @@ func serveGRPCNull(ctx context.Context, args []string, stderr io.Writer) error {
 	return serveGRPCNullOn(ctx, l)
 }
 
-// serveGRPCNullOn serves grpcNull on l until ctx ends.
+// serveGRPCNullOn serves grpcNull on l until ctx ends, on the server
+// authlimit serves gRPC with.
 func serveGRPCNullOn(ctx context.Context, l net.Listener) error {
-	g := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(g, grpcNull{})
-	authv3.RegisterAuthorizationServer(g, grpcNull{})
+	g := grpcwire.NewServer(grpcwire.Options{})
+	var n grpcNull
+	if err := grpcwire.Unary(g, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", n.ShouldRateLimit); err != nil {
+		return err
+	}
+	if err := grpcwire.Unary(g, "/envoy.service.auth.v3.Authorization/Check", n.Check); err != nil {
+		return err
+	}
 	served := make(chan error, 1)
 	go func() { served <- g.Serve(l) }()
 	select {

@@ -4,22 +4,20 @@ import (
 	"context"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/authlimit/authlimit/front/extauthz"
+	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/rules"
 )
 
 // registerExtAuthz registers Envoy's external authorization service
 // (envoy.service.auth.v3.Authorization/Check) on g: it decides with the
 // engine, the rules and the trusted proxies /auth decides with.
-func registerExtAuthz(g *grpc.Server, a *app, s *settings) error {
+func registerExtAuthz(g *grpcwire.Server, a *app, s *settings) error {
 	srv, err := extauthz.New(extauthz.Options{Engine: a.engine, Proxies: rules.Proxies{Trusted: s.trusted}, Sleep: a.holdCtx})
 	if err != nil {
 		return err
 	}
-	srv.Register(g)
-	return nil
+	return srv.Register(g)
 }
 
 // holdCtx holds a shaped Check for d, until its caller goes away, or until

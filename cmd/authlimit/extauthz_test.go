@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/authlimit/authlimit/front/grpcwire"
 )
 
 // TestExtAuthzSharesTheEngine: Check, registered by registerExtAuthz on a
@@ -22,7 +24,7 @@ import (
 // the headers and the body /auth would.
 func TestExtAuthzSharesTheEngine(t *testing.T) {
 	a, s := newTestApp(t, map[string]string{"AUTHLIMIT_RULES": "name=login key=ip limit=2/1m path=/login"})
-	g := grpc.NewServer()
+	g := grpcwire.NewServer(grpcwire.Options{})
 	if err := registerExtAuthz(g, a, s); err != nil {
 		t.Fatal(err)
 	}

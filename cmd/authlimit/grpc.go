@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -11,12 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/envoyconf"
+	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
 )
 
@@ -69,8 +69,8 @@ func (s *settings) rlsPolicies() []*algo.Policy {
 // grpcFront is the gRPC server: the rate-limit service, the health service
 // and whatever else registerServices puts on it.
 type grpcFront struct {
-	server   *grpc.Server
-	health   *health.Server
+	server   *grpcwire.Server
+	health   *grpcwire.Health
 	listener net.Listener
 	// stopWatch ends watchReadiness; watched is closed when it has.
 	stopWatch, watched chan struct{}
@@ -112,7 +112,7 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
 	}
-	f := &grpcFront{server: grpc.NewServer(), health: health.NewServer(), listener: l,
+	f := &grpcFront{server: newGRPCServer(s, a.log), health: grpcwire.NewHealth(), listener: l,
 		stopWatch: make(chan struct{}), watched: make(chan struct{})}
 	if err := a.registerServices(f.server, f.health, s); err != nil {
 		_ = l.Close()
@@ -123,6 +123,18 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	// should authlimit stop before serving.
 	a.closers = append(a.closers, func() error { f.stopWatching(); f.server.Stop(); _ = l.Close(); return nil })
 	return nil
+}
+
+// newGRPCServer is authlimit's gRPC server: h2c, the connection cap of
+// the decision listener, and its timeouts (a Check held by a shaping rule
+// is answered within the write timeout).
+func newGRPCServer(s *settings, log *slog.Logger) *grpcwire.Server {
+	return grpcwire.NewServer(grpcwire.Options{
+		MaxConns:     s.maxConns,
+		IdleTimeout:  serverTimeouts.idle,
+		WriteTimeout: serverTimeouts.write,
+		Log:          log,
+	})
 }
 
 // newRLS builds the rate-limit service of cfg. Every service counts in the
@@ -180,17 +192,21 @@ func (a *app) watchReadiness(f *grpcFront, ready func() (bool, string)) {
 // registerServices is the one place where services are put on the gRPC
 // server: every service registers here (a registration that fails stops
 // authlimit at start), and the health service reports each as serving.
-func (a *app) registerServices(g *grpc.Server, h *health.Server, s *settings) error {
-	healthpb.RegisterHealthServer(g, h)
+func (a *app) registerServices(g *grpcwire.Server, h *grpcwire.Health, s *settings) error {
+	if err := h.Register(g); err != nil {
+		return err
+	}
 	if a.rls != nil {
-		a.rls.Register(g)
+		if err := a.rls.Register(g); err != nil {
+			return err
+		}
 	}
 	if err := registerExtAuthz(g, a, s); err != nil {
 		return err
 	}
 	// Register further services above: each one registered is reported
 	// serving here.
-	for name := range g.GetServiceInfo() {
+	for _, name := range g.Services() {
 		h.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -255,7 +271,7 @@ func (a *app) stopGRPC(ctx context.Context) <-chan struct{} {
 // grpcServeError wraps an error of the gRPC server's Serve; a server
 // stopped on purpose is none.
 func grpcServeError(err error) error {
-	if err == nil || errors.Is(err, grpc.ErrServerStopped) {
+	if err == nil || errors.Is(err, grpcwire.ErrServerStopped) {
 		return nil
 	}
 	return fmt.Errorf("serve grpc: %w", err)

@@ -17,10 +17,10 @@ import (
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/valyala/fasthttp"
-	"google.golang.org/grpc"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/envoyconf"
+	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 )
@@ -62,7 +62,6 @@ func (u *policyUnion) setRLS(ps []*algo.Policy) error {
 // service of the configuration in force, swapped whole by a reload: a
 // request answers under the service it started with.
 type rlsSwitch struct {
-	pb.UnimplementedRateLimitServiceServer
 	cur atomic.Pointer[rls.Service]
 }
 
@@ -71,11 +70,13 @@ func (s *rlsSwitch) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest)
 	return s.cur.Load().ShouldRateLimit(ctx, r)
 }
 
+// Register serves the service's ShouldRateLimit on g.
+func (s *rlsSwitch) Register(g *grpcwire.Server) error {
+	return grpcwire.Unary(g, rls.ShouldRateLimitMethod, s.ShouldRateLimit)
+}
+
 // ServeJSON answers POST /json.
 func (s *rlsSwitch) ServeJSON(ctx *fasthttp.RequestCtx) { s.cur.Load().ServeJSON(ctx) }
-
-// Register serves the service on g.
-func (s *rlsSwitch) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
 
 // rlsReloader reloads AUTHLIMIT_RLS_CONFIG: it checks a new configuration
 // whole, gives the guard its policies, and swaps the service.

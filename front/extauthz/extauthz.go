@@ -62,11 +62,11 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/rules"
 )
 
@@ -103,8 +103,11 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Register registers the server's Authorization service on g.
-func (s *Server) Register(g *grpc.Server) { authv3.RegisterAuthorizationServer(g, s) }
+// CheckMethod is the full path of the method Server answers.
+const CheckMethod = "/envoy.service.auth.v3.Authorization/Check"
+
+// Register serves the server's Check on g.
+func (s *Server) Register(g *grpcwire.Server) error { return grpcwire.Unary(g, CheckMethod, s.Check) }
 
 type scratch struct {
 	in   decide.Input

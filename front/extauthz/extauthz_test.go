@@ -25,6 +25,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/internal/redistest"
@@ -109,8 +110,10 @@ func newStack(t *testing.T, b backend, src string, mod func(*decide.Options)) *s
 		t.Fatal(err)
 	}
 	st.server = srv
-	gs := grpc.NewServer()
-	srv.Register(gs)
+	gs := grpcwire.NewServer(grpcwire.Options{})
+	if err := srv.Register(gs); err != nil {
+		t.Fatal(err)
+	}
 	gl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
+	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
@@ -124,8 +125,10 @@ func startWith(t *testing.T, kind storeKind, mode guard.FailMode, files ...strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
-	e.svc.Register(srv)
+	srv := grpcwire.NewServer(grpcwire.Options{})
+	if err := e.svc.Register(srv); err != nil {
+		t.Fatal(err)
+	}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(srv.Stop)
 	e.conn, err = grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

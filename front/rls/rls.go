@@ -31,7 +31,6 @@ import (
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -39,6 +38,7 @@ import (
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
+	"github.com/authlimit/authlimit/front/grpcwire"
 )
 
 // Bounds on a request, beyond which it is refused with InvalidArgument
@@ -115,8 +115,13 @@ func New(opts Options) (*Service, error) {
 	return s, nil
 }
 
-// Register serves the service on s.
-func (s *Service) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
+// ShouldRateLimitMethod is the full path of the method Service answers.
+const ShouldRateLimitMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// Register serves the service's ShouldRateLimit on g.
+func (s *Service) Register(g *grpcwire.Server) error {
+	return grpcwire.Unary(g, ShouldRateLimitMethod, s.ShouldRateLimit)
+}
 
 // Close ends the service's life: its configured limits are released from
 // the engine (decide.Engine.ReleaseLimits), which stops registering their

@@ -1,0 +1,387 @@
+// Package grpcwire serves gRPC over HTTP/2 in clear text (h2c with prior
+// knowledge, as Envoy's gRPC client and grpc-go's insecure client speak
+// it): unary methods registered by their full path, and the health
+// service with its server-streaming Watch. It owns the wire: the accept
+// loop, one reading goroutine per connection, HTTP/2 framing, flow
+// control and the gRPC framing of messages, and runs each call's handler
+// on a goroutine of its own (a worker that then waits for the next call),
+// so that a call held for a while never holds the others.
+//
+// A response is written by the goroutine that produced it, under the
+// connection's lock: the frames of every response ready at that moment go
+// out in one write, and the header blocks of a response are prebuilt.
+package grpcwire
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// ErrServerStopped is Serve's error once Stop or GracefulStop was called.
+var ErrServerStopped = errors.New("grpcwire: the server was stopped")
+
+// Defaults of Options.
+const (
+	DefaultMaxConcurrentStreams = 1024
+	DefaultMaxRecvMsgSize       = 4 << 20 // grpc-go's receive limit
+	DefaultMaxHeaderListSize    = 64 << 10
+	DefaultPrefaceTimeout       = 10 * time.Second
+	DefaultIdleTimeout          = 5 * time.Minute
+	DefaultWriteTimeout         = 10 * time.Second
+)
+
+// Options bound what a client may hold of the server. Zero fields take
+// the defaults above.
+type Options struct {
+	// MaxConcurrentStreams is advertised in SETTINGS and enforced: a call
+	// beyond it is refused (RST_STREAM REFUSED_STREAM). A call whose
+	// stream the client reset counts until its handler returns.
+	MaxConcurrentStreams uint32
+	// MaxRecvMsgSize is the largest request message; a larger one is
+	// answered RESOURCE_EXHAUSTED.
+	MaxRecvMsgSize int
+	// MaxHeaderListSize is the largest request header list (as HTTP/2
+	// counts it: a larger one is answered 431); a compressed header block
+	// larger than twice it ends the connection (ENHANCE_YOUR_CALM).
+	MaxHeaderListSize uint32
+	// MaxConns is the most connections kept at once; those beyond are
+	// closed at once. 0: no cap.
+	MaxConns int
+	// PrefaceTimeout bounds a new connection's wait for the client's
+	// preface and first SETTINGS.
+	PrefaceTimeout time.Duration
+	// IdleTimeout closes a connection that had no call in flight and
+	// started none for that long, with GOAWAY.
+	IdleTimeout time.Duration
+	// WriteTimeout bounds each write to the socket (a write gets at least
+	// half of it), and how long a response may wait for the client to
+	// open its flow-control window.
+	WriteTimeout time.Duration
+	//
+	// The connection's reader looks at these every interval of
+	// min(IdleTimeout, max(WriteTimeout, 1s)): a connection idle for a
+	// whole interval is closed, as is one whose response waited longer
+	// than WriteTimeout; a request whose client sent nothing for a whole
+	// interval is reset (CANCEL). Each happens within two intervals.
+	// Log gets the accept errors and the handlers' panics.
+	Log *slog.Logger
+}
+
+func (o *Options) fill() {
+	if o.MaxConcurrentStreams == 0 {
+		o.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if o.MaxRecvMsgSize <= 0 {
+		o.MaxRecvMsgSize = DefaultMaxRecvMsgSize
+	}
+	if o.MaxHeaderListSize == 0 {
+		o.MaxHeaderListSize = DefaultMaxHeaderListSize
+	}
+	if o.PrefaceTimeout <= 0 {
+		o.PrefaceTimeout = DefaultPrefaceTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+}
+
+// unaryFunc decodes a request message, calls the handler and appends the
+// response message to out.
+type unaryFunc func(ctx context.Context, req []byte, out []byte) ([]byte, error)
+
+// streamFunc decodes a request message and calls a server-streaming
+// handler, which sends its messages with send.
+type streamFunc func(ctx context.Context, req []byte, send func(proto.Message) error) error
+
+// method is a registered method: exactly one of unary and stream is set.
+type method struct {
+	unary  unaryFunc
+	stream streamFunc
+}
+
+// Server serves the registered methods. Register every method before
+// Serve.
+type Server struct {
+	opts     Options
+	methods  map[string]*method
+	services map[string]bool
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	stopped   bool
+	draining  chan struct{} // closed by GracefulStop and Stop
+	connsDone sync.WaitGroup
+	// calls hands a call to a worker waiting for one (see start).
+	calls chan pending
+}
+
+// pending is a call for a worker to run.
+type pending struct {
+	c *conn
+	s *stream
+}
+
+// workerIdle is how long a worker waits for its next call before it ends.
+const workerIdle = 10 * time.Second
+
+// start runs a call on a worker waiting for one, or on a new one. A
+// worker's stack has grown to what handlers need (decoding a request
+// message takes several kilobytes): a new goroutine per call would grow
+// its stack each time, a tenth of a small call's cost.
+func (s *Server) start(c *conn, st *stream) {
+	select {
+	case s.calls <- pending{c, st}:
+	default:
+		go s.work(pending{c, st})
+	}
+}
+
+// work runs calls until none came for workerIdle.
+func (s *Server) work(next pending) {
+	t := time.NewTimer(workerIdle)
+	defer t.Stop()
+	for {
+		next.c.run(next.s)
+		t.Reset(workerIdle)
+		select {
+		case next = <-s.calls:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// NewServer returns a server with no method yet.
+func NewServer(opts Options) *Server {
+	opts.fill()
+	return &Server{opts: opts, methods: map[string]*method{}, services: map[string]bool{},
+		listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, draining: make(chan struct{}), calls: make(chan pending)}
+}
+
+// register adds m under path, "/package.Service/Method".
+func (s *Server) register(path string, m *method) error {
+	svc, name, ok := splitMethod(path)
+	if !ok {
+		return fmt.Errorf("register %q: want /service/method", path)
+	}
+	if _, dup := s.methods[path]; dup {
+		return fmt.Errorf("register %q: registered twice", path)
+	}
+	s.methods[path] = m
+	s.services[svc] = true
+	_ = name
+	return nil
+}
+
+// splitMethod splits "/service/method".
+func splitMethod(path string) (service, method string, ok bool) {
+	rest, ok := strings.CutPrefix(path, "/")
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '/')
+	if i <= 0 || i == len(rest)-1 {
+		return "", "", false
+	}
+	return rest[:i], rest[i+1:], true
+}
+
+// Services lists the services with a registered method.
+func (s *Server) Services() []string {
+	out := make([]string, 0, len(s.services))
+	for name := range s.services {
+		out = append(out, name)
+	}
+	return out
+}
+
+// Unary registers h as the unary method at path, such as
+// "/envoy.service.auth.v3.Authorization/Check". A request that does not
+// decode is answered INTERNAL, as grpc-go does; h's error is the call's
+// status (a google.golang.org/grpc/status error keeps its code, message
+// and details; a context error becomes CANCELLED or DEADLINE_EXCEEDED; any
+// other is UNKNOWN).
+func Unary[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Resp proto.Message](s *Server, path string, h func(context.Context, PReq) (Resp, error)) error {
+	return s.register(path, &method{unary: func(ctx context.Context, b []byte, out []byte) ([]byte, error) {
+		req := PReq(new(Req))
+		if err := proto.Unmarshal(b, req); err != nil {
+			return out, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+		}
+		resp, err := h(ctx, req)
+		if err != nil {
+			return out, err
+		}
+		out, err = proto.MarshalOptions{}.MarshalAppend(out, resp)
+		if err != nil {
+			return out, status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
+		}
+		return out, nil
+	}})
+}
+
+// serverStream registers h as a server-streaming method at path: it sends
+// its messages with send, and its error is the call's status.
+func serverStream[Req any, PReq interface {
+	*Req
+	proto.Message
+}](s *Server, path string, h func(context.Context, PReq, func(proto.Message) error) error) error {
+	return s.register(path, &method{stream: func(ctx context.Context, b []byte, send func(proto.Message) error) error {
+		req := PReq(new(Req))
+		if err := proto.Unmarshal(b, req); err != nil {
+			return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+		}
+		return h(ctx, req, send)
+	}})
+}
+
+// Draining is closed once GracefulStop or Stop began: a server-streaming
+// handler ends its stream.
+func (s *Server) Draining() <-chan struct{} { return s.draining }
+
+// The waits after a failed accept: doubling from the first to the longest.
+const (
+	acceptFirstWait   = 5 * time.Millisecond
+	acceptLongestWait = time.Second
+)
+
+// retryAccept reports whether a failed accept may succeed later: the
+// process or the system is out of file descriptors or memory, or a
+// connection went away before it was accepted.
+func retryAccept(err error) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return false
+	}
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.ECONNRESET, syscall.EINTR, syscall.EAGAIN} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Serve accepts connections on l and serves each until Stop or
+// GracefulStop, when it returns ErrServerStopped. After an accept error a
+// later accept may not have (no file descriptor free, say), it waits, from
+// 5 ms doubling up to 1 s, and accepts again; it returns any other error.
+// Beyond Options.MaxConns connections, a new one is closed at once.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		_ = l.Close()
+		return ErrServerStopped
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	var wait time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			stopped := s.stopped
+			s.mu.Unlock()
+			if stopped {
+				return ErrServerStopped
+			}
+			if !retryAccept(err) {
+				return fmt.Errorf("accept: %w", err)
+			}
+			if wait == 0 {
+				s.opts.Log.Warn("grpc accept failed; accepting again after a wait", "err", err)
+			}
+			wait = min(max(2*wait, acceptFirstWait), acceptLongestWait)
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-s.draining:
+				t.Stop()
+			}
+			continue
+		}
+		wait = 0
+		s.mu.Lock()
+		if s.stopped || s.opts.MaxConns > 0 && len(s.conns) >= s.opts.MaxConns {
+			s.mu.Unlock()
+			_ = nc.Close()
+			continue
+		}
+		c := newConn(s, nc)
+		s.conns[c] = struct{}{}
+		s.connsDone.Add(1)
+		s.mu.Unlock()
+		go c.serve()
+	}
+}
+
+// forget drops a closed connection.
+func (s *Server) forget(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.connsDone.Done()
+}
+
+// stop closes the listeners and returns the connections.
+func (s *Server) stop() []*conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.stopped {
+		s.stopped = true
+		close(s.draining)
+	}
+	for l := range s.listeners {
+		_ = l.Close()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	return conns
+}
+
+// GracefulStop stops accepting, tells every client with GOAWAY that no
+// further call is taken, and returns once the calls in flight have
+// finished and every connection is closed.
+func (s *Server) GracefulStop() {
+	for _, c := range s.stop() {
+		c.goAway()
+	}
+	s.connsDone.Wait()
+}
+
+// Stop closes the listeners and every connection at once: the calls in
+// flight see their contexts cancelled. It returns once every connection's
+// reader has ended; it does not wait for the handlers.
+func (s *Server) Stop() {
+	for _, c := range s.stop() {
+		c.closeNow(errors.New("server stopped"))
+	}
+	s.connsDone.Wait()
+}
