@@ -28,6 +28,7 @@ type listener struct {
 	listenerConfig
 	closed    chan struct{} // closed by Close: a wait between accepts ends
 	closeOnce sync.Once
+	ahead     sync.Pool // *[aheadSize]byte: see conn.Read
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
@@ -55,7 +56,9 @@ func newListener(l net.Listener, c listenerConfig) *listener {
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	return &listener{Listener: l, listenerConfig: c, closed: make(chan struct{}), conns: map[*conn]struct{}{}}
+	l2 := &listener{Listener: l, listenerConfig: c, closed: make(chan struct{}), conns: map[*conn]struct{}{}}
+	l2.ahead.New = func() any { return new([aheadSize]byte) }
+	return l2
 }
 
 // Close closes the listener and ends a wait between accepts.
@@ -191,11 +194,14 @@ type conn struct {
 
 	// Read and Write run on the connection's one serving goroutine: the
 	// fields below need no lock.
-	scanning bool      // the bytes read since the last answer may start a header block
-	head     []byte    // those bytes, while the block has not ended
-	refused  bool      // a header block ended in bare line feeds
-	busy     bool      // a request's bytes came, its answer is not written yet
-	start    time.Time // the first byte of the last request; before one, the accept
+	ahead    []byte           // bytes read from the socket that fasthttp has not asked for yet
+	aheadBuf *[aheadSize]byte // ahead's pooled buffer, held while ahead is not empty
+	aheadErr error            // the error of the read that filled ahead, for once it is drained
+	scanning bool             // the bytes read since the last answer may start a header block
+	head     []byte           // those bytes, while the block has not ended
+	refused  bool             // a header block ended in bare line feeds
+	busy     bool             // a request's bytes came, its answer is not written yet
+	start    time.Time        // the first byte of the last request; before one, the accept
 }
 
 const (
@@ -207,18 +213,59 @@ const (
 // errBareLF refuses a header block that ends in bare line feeds.
 var errBareLF = errors.New("header block ends in bare line feeds; HTTP/1.1 wants CRLF")
 
+// aheadSize is the buffer a read for fewer bytes reads into (see
+// conn.Read): a proxy's auth subrequest, headers and all, fits.
+const aheadSize = 4 << 10
+
 // Read reads the request bytes, within the connection's timeouts.
+//
+// fasthttp, with ReduceMemoryUsage, waits for a request's first byte
+// with a read of one byte, then reads the rest into a buffer taken for
+// the request: two reads from the socket for one request that came at
+// once. A read for fewer than aheadSize bytes reads up to aheadSize into a
+// pooled buffer instead and hands the bytes over from there; the buffer
+// goes back to the pool once they are all handed over, so that a waiting
+// connection holds none.
+func (c *conn) Read(p []byte) (int, error) {
+	if len(c.ahead) == 0 && c.aheadErr == nil {
+		if c.refused {
+			return 0, errBareLF
+		}
+		if len(p) >= aheadSize || len(p) == 0 {
+			return c.readSocket(p)
+		}
+		buf := c.l.ahead.Get().(*[aheadSize]byte)
+		n, err := c.readSocket(buf[:])
+		if n <= len(p) {
+			c.l.ahead.Put(buf)
+			return copy(p, buf[:n]), err
+		}
+		c.ahead, c.aheadBuf, c.aheadErr = buf[:n], buf, err
+	}
+	n := copy(p, c.ahead)
+	c.ahead = c.ahead[n:]
+	if len(c.ahead) > 0 {
+		return n, nil
+	}
+	err := c.aheadErr
+	c.aheadErr = nil
+	if c.aheadBuf != nil {
+		c.l.ahead.Put(c.aheadBuf)
+		c.ahead, c.aheadBuf = nil, nil
+	}
+	return n, err
+}
+
+// readSocket reads from the socket, within the connection's timeouts,
+// and looks at what it read for the end of a header block.
 //
 // The deadline set on the socket is never later than the one the
 // connection has now, nor than any it can have later: a request's read
 // deadline is its first byte plus the read timeout, so one set at time t
 // is at most t plus the read timeout. When that deadline passes first,
-// Read sets the next and reads on; a busy connection does so about once a
-// read timeout, not once a request.
-func (c *conn) Read(p []byte) (int, error) {
-	if c.refused {
-		return 0, errBareLF
-	}
+// readSocket sets the next and reads on; a busy connection does so about
+// once a read timeout, not once a request.
+func (c *conn) readSocket(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	// A read of nothing without an error (an empty write into an
 	// in-memory pipe) is read again: fasthttp, waiting for a request's
@@ -240,9 +287,9 @@ func (c *conn) Read(p []byte) (int, error) {
 }
 
 // keptHead is the largest head buffer a connection keeps for its next
-// request. fasthttp reads a waiting connection's first byte alone, so every
-// request's header block starts in head; a small buffer kept saves an
-// allocation per request, a large one is not held by a waiting connection.
+// request. A header block that comes in pieces is kept in head until it
+// ends; a small buffer kept saves an allocation per such request, a large
+// one is not held by a waiting connection.
 const keptHead = 1 << 10
 
 // continueLine starts the interim answer to "Expect: 100-continue", after
