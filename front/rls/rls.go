@@ -360,8 +360,8 @@ func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outco
 			st.LimitRemaining = math.MaxUint32
 			continue
 		case l.DeniesAll():
-			st.CurrentLimit = rp.currentLimit(i, l)
-			st.DurationUntilReset = rp.duration(i, untilWindowEnd(l.Unit, now))
+			st.CurrentLimit = rp.currentLimit(l)
+			st.DurationUntilReset = rp.duration(untilWindowEnd(l.Unit, now))
 			if !l.Shadow && !s.engine.Shadow() {
 				st.Code = pb.RateLimitResponse_OVER_LIMIT
 			}
@@ -371,13 +371,13 @@ func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outco
 			continue
 		}
 		q := res[a.req]
-		st.CurrentLimit = rp.currentLimit(i, l)
+		st.CurrentLimit = rp.currentLimit(l)
 		st.LimitRemaining = uint32(min(q.Remaining, math.MaxUint32))
 		reset := q.ResetAfter
 		if !q.Allowed && q.RetryAfter > reset {
 			reset = q.RetryAfter
 		}
-		st.DurationUntilReset = rp.duration(i, reset.Round(time.Second))
+		st.DurationUntilReset = rp.duration(reset.Round(time.Second))
 		if !q.Allowed && !q.Shadow {
 			st.Code = pb.RateLimitResponse_OVER_LIMIT
 		}
@@ -400,20 +400,15 @@ func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outco
 
 // reply is a response with the messages it points to, allocated as one:
 // the answer to one descriptor, Envoy's usual request, costs one
-// allocation for its messages, not one per message. Its messages are
-// never copied once in use.
+// allocation for its messages, not one per message (a longer request's
+// statuses take one more, and each of their current limits and durations
+// its own). Its messages are never copied once in use.
 type reply struct {
-	resp     pb.RateLimitResponse
-	statuses []pb.RateLimitResponse_DescriptorStatus
-	limits   []pb.RateLimitResponse_RateLimit
-	resets   []durationpb.Duration
-
-	// The messages of a response to one descriptor.
-	statusPtr [1]*pb.RateLimitResponse_DescriptorStatus
-	status    [1]pb.RateLimitResponse_DescriptorStatus
-	limit     [1]pb.RateLimitResponse_RateLimit
-	reset     [1]durationpb.Duration
-
+	resp       pb.RateLimitResponse
+	statusPtr  [1]*pb.RateLimitResponse_DescriptorStatus
+	status     [1]pb.RateLimitResponse_DescriptorStatus
+	limit      [1]pb.RateLimitResponse_RateLimit
+	reset      [1]durationpb.Duration
 	headerPtrs [maxHeaders]*core.HeaderValue
 	headers    [maxHeaders]core.HeaderValue
 }
@@ -426,37 +421,36 @@ const maxHeaders = 6
 // a current limit, overall OK.
 func newReply(n int) *reply {
 	rp := &reply{}
-	if n == 1 {
-		rp.resp.Statuses, rp.statuses, rp.limits, rp.resets = rp.statusPtr[:], rp.status[:], rp.limit[:], rp.reset[:]
-	} else {
-		rp.resp.Statuses = make([]*pb.RateLimitResponse_DescriptorStatus, n)
-		rp.statuses = make([]pb.RateLimitResponse_DescriptorStatus, n)
-	}
 	rp.resp.OverallCode = pb.RateLimitResponse_OK
-	for i := range rp.statuses {
-		rp.statuses[i].Code = pb.RateLimitResponse_OK
-		rp.resp.Statuses[i] = &rp.statuses[i]
+	statuses := rp.status[:]
+	rp.resp.Statuses = rp.statusPtr[:]
+	if n != 1 {
+		statuses = make([]pb.RateLimitResponse_DescriptorStatus, n)
+		rp.resp.Statuses = make([]*pb.RateLimitResponse_DescriptorStatus, n)
+	}
+	for i := range statuses {
+		statuses[i].Code = pb.RateLimitResponse_OK
+		rp.resp.Statuses[i] = &statuses[i]
 	}
 	return rp
 }
 
-// currentLimit is l as status i reports it.
-func (rp *reply) currentLimit(i int, l *envoyconf.Limit) *pb.RateLimitResponse_RateLimit {
-	if rp.limits == nil {
-		rp.limits = make([]pb.RateLimitResponse_RateLimit, len(rp.statuses))
+// currentLimit is l as a status reports it.
+func (rp *reply) currentLimit(l *envoyconf.Limit) *pb.RateLimitResponse_RateLimit {
+	c := &rp.limit[0]
+	if len(rp.resp.Statuses) != 1 {
+		c = new(pb.RateLimitResponse_RateLimit)
 	}
-	c := &rp.limits[i]
 	c.Name, c.RequestsPerUnit, c.Unit = l.Name, l.RequestsPerUnit, pb.RateLimitResponse_RateLimit_Unit(l.Unit)
 	return c
 }
 
-// duration is d as status i reports it, whole seconds as
-// envoyproxy/ratelimit reports them (durationpb.New's value for them).
-func (rp *reply) duration(i int, d time.Duration) *durationpb.Duration {
-	if rp.resets == nil {
-		rp.resets = make([]durationpb.Duration, len(rp.statuses))
+// duration is d as a status reports it, as durationpb.New makes it.
+func (rp *reply) duration(d time.Duration) *durationpb.Duration {
+	x := &rp.reset[0]
+	if len(rp.resp.Statuses) != 1 {
+		x = new(durationpb.Duration)
 	}
-	x := &rp.resets[i]
 	x.Seconds, x.Nanos = int64(d/time.Second), int32(d%time.Second)
 	return x
 }
@@ -534,7 +528,7 @@ func openResponse(r *pb.RateLimitRequest, apps []applied) *pb.RateLimitResponse 
 	rp := newReply(len(r.GetDescriptors()))
 	for _, a := range apps {
 		if a.limit.Unlimited {
-			rp.statuses[a.desc].LimitRemaining = math.MaxUint32
+			rp.resp.Statuses[a.desc].LimitRemaining = math.MaxUint32
 		}
 	}
 	return &rp.resp
