@@ -456,8 +456,8 @@ func (rp *reply) duration(d time.Duration) *durationpb.Duration {
 }
 
 // setHeaders sets the response's headers to hs. The values become one
-// string, built in buf (returned for reuse); the names the engine writes
-// are constants.
+// string, built by appending to buf (returned for reuse); the names the
+// engine writes are constants.
 func (rp *reply) setHeaders(hs []decide.Header, buf []byte) []byte {
 	if len(hs) == 0 {
 		return buf
@@ -466,10 +466,11 @@ func (rp *reply) setHeaders(hs []decide.Header, buf []byte) []byte {
 	if len(hs) > maxHeaders {
 		ptrs, vals = make([]*core.HeaderValue, 0, len(hs)), make([]core.HeaderValue, 0, len(hs))
 	}
+	from := len(buf)
 	for _, h := range hs {
 		buf = append(buf, h.Value...)
 	}
-	all := string(buf)
+	all := string(buf[from:])
 	for _, h := range hs {
 		vals = append(vals, core.HeaderValue{})
 		v := &vals[len(vals)-1]
