@@ -53,7 +53,7 @@ type stack struct {
 	slept  chan time.Duration // Check's shaping delays
 }
 
-func newStack(t *testing.T, b backend, src string, mod func(*decide.Options)) *stack {
+func newStack(t testing.TB, b backend, src string, mod func(*decide.Options)) *stack {
 	t.Helper()
 	rs, err := rules.Parse(src)
 	if err != nil {

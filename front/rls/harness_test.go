@@ -73,11 +73,11 @@ func parseConfig(t testing.TB, files ...string) *envoyconf.Config {
 
 // start serves the configuration over gRPC with a guard over the store
 // kind, fail mode closed.
-func start(t *testing.T, kind storeKind, files ...string) *env {
+func start(t testing.TB, kind storeKind, files ...string) *env {
 	return startWith(t, kind, guard.FailClosed, files...)
 }
 
-func startWith(t *testing.T, kind storeKind, mode guard.FailMode, files ...string) *env {
+func startWith(t testing.TB, kind storeKind, mode guard.FailMode, files ...string) *env {
 	t.Helper()
 	cfg := parseConfig(t, files...)
 	e := &env{reg: prometheus.NewRegistry()}

@@ -165,6 +165,7 @@ type scratch struct {
 	spans   []span // reqs[i].Key is keys[spans[i]]
 	keys    []byte
 	entries []envoyconf.Entry
+	values  []byte // the response headers' values, while they are copied
 	out     decide.Outcome
 }
 
@@ -330,7 +331,8 @@ func requestCost(r *pb.RateLimitRequest, d *rlpb.RateLimitDescriptor) int64 {
 // one status per descriptor, in order, and the engine's rate-limit
 // headers.
 func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outcome, now time.Time) *pb.RateLimitResponse {
-	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(r.GetDescriptors()))}
+	rp := newReply(len(r.GetDescriptors()))
+	resp := &rp.resp
 	var res []decide.Result
 	if out != nil {
 		res = out.Results
@@ -346,9 +348,7 @@ func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outco
 			best[a.desc] = i
 		}
 	}
-	for i := range resp.Statuses {
-		st := &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
-		resp.Statuses[i] = st
+	for i, st := range resp.Statuses {
 		b := best[i]
 		if b < 0 {
 			continue // no limit: OK, as envoyproxy/ratelimit answers
@@ -360,8 +360,8 @@ func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outco
 			st.LimitRemaining = math.MaxUint32
 			continue
 		case l.DeniesAll():
-			st.CurrentLimit = currentLimit(l)
-			st.DurationUntilReset = durationpb.New(untilWindowEnd(l.Unit, now))
+			st.CurrentLimit = rp.currentLimit(l)
+			st.DurationUntilReset = rp.duration(untilWindowEnd(l.Unit, now))
 			if !l.Shadow && !s.engine.Shadow() {
 				st.Code = pb.RateLimitResponse_OVER_LIMIT
 			}
@@ -371,13 +371,13 @@ func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outco
 			continue
 		}
 		q := res[a.req]
-		st.CurrentLimit = currentLimit(l)
+		st.CurrentLimit = rp.currentLimit(l)
 		st.LimitRemaining = uint32(min(q.Remaining, math.MaxUint32))
 		reset := q.ResetAfter
 		if !q.Allowed && q.RetryAfter > reset {
 			reset = q.RetryAfter
 		}
-		st.DurationUntilReset = durationpb.New(reset.Round(time.Second))
+		st.DurationUntilReset = rp.duration(reset.Round(time.Second))
 		if !q.Allowed && !q.Shadow {
 			st.Code = pb.RateLimitResponse_OVER_LIMIT
 		}
@@ -394,13 +394,111 @@ func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outco
 		// A denial has a denying enforcing limit, whose status says so.
 		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 	}
-	if len(out.Headers) > 0 {
-		resp.ResponseHeadersToAdd = make([]*core.HeaderValue, len(out.Headers))
-		for i, h := range out.Headers {
-			resp.ResponseHeadersToAdd[i] = &core.HeaderValue{Key: string(h.Name), Value: string(h.Value)}
-		}
-	}
+	sc.values = rp.setHeaders(out.Headers, sc.values[:0])
 	return resp
+}
+
+// reply is a response with the messages it points to, allocated as one:
+// the answer to one descriptor, Envoy's usual request, costs one
+// allocation for its messages, not one per message (a longer request's
+// statuses take one more, and each of their current limits and durations
+// its own). Its messages are never copied once in use.
+type reply struct {
+	resp       pb.RateLimitResponse
+	statusPtr  [1]*pb.RateLimitResponse_DescriptorStatus
+	status     [1]pb.RateLimitResponse_DescriptorStatus
+	limit      [1]pb.RateLimitResponse_RateLimit
+	reset      [1]durationpb.Duration
+	headerPtrs [maxHeaders]*core.HeaderValue
+	headers    [maxHeaders]core.HeaderValue
+}
+
+// maxHeaders is the most headers the engine answers with: see
+// decide.Outcome.Headers.
+const maxHeaders = 6
+
+// newReply returns a response of n descriptor statuses, each OK without
+// a current limit, overall OK.
+func newReply(n int) *reply {
+	rp := &reply{}
+	rp.resp.OverallCode = pb.RateLimitResponse_OK
+	statuses := rp.status[:]
+	rp.resp.Statuses = rp.statusPtr[:]
+	if n != 1 {
+		statuses = make([]pb.RateLimitResponse_DescriptorStatus, n)
+		rp.resp.Statuses = make([]*pb.RateLimitResponse_DescriptorStatus, n)
+	}
+	for i := range statuses {
+		statuses[i].Code = pb.RateLimitResponse_OK
+		rp.resp.Statuses[i] = &statuses[i]
+	}
+	return rp
+}
+
+// currentLimit is l as a status reports it.
+func (rp *reply) currentLimit(l *envoyconf.Limit) *pb.RateLimitResponse_RateLimit {
+	c := &rp.limit[0]
+	if len(rp.resp.Statuses) != 1 {
+		c = new(pb.RateLimitResponse_RateLimit)
+	}
+	c.Name, c.RequestsPerUnit, c.Unit = l.Name, l.RequestsPerUnit, pb.RateLimitResponse_RateLimit_Unit(l.Unit)
+	return c
+}
+
+// duration is d as a status reports it, as durationpb.New makes it.
+func (rp *reply) duration(d time.Duration) *durationpb.Duration {
+	x := &rp.reset[0]
+	if len(rp.resp.Statuses) != 1 {
+		x = new(durationpb.Duration)
+	}
+	x.Seconds, x.Nanos = int64(d/time.Second), int32(d%time.Second)
+	return x
+}
+
+// setHeaders sets the response's headers to hs. The values become one
+// string, built by appending to buf (returned for reuse); the names the
+// engine writes are constants.
+func (rp *reply) setHeaders(hs []decide.Header, buf []byte) []byte {
+	if len(hs) == 0 {
+		return buf
+	}
+	ptrs, vals := rp.headerPtrs[:0], rp.headers[:0]
+	if len(hs) > maxHeaders {
+		ptrs, vals = make([]*core.HeaderValue, 0, len(hs)), make([]core.HeaderValue, 0, len(hs))
+	}
+	from := len(buf)
+	for _, h := range hs {
+		buf = append(buf, h.Value...)
+	}
+	all := string(buf[from:])
+	for _, h := range hs {
+		vals = append(vals, core.HeaderValue{})
+		v := &vals[len(vals)-1]
+		v.Key, v.Value, all = headerName(h.Name), all[:len(h.Value)], all[len(h.Value):]
+		ptrs = append(ptrs, v)
+	}
+	rp.resp.ResponseHeadersToAdd = ptrs
+	return buf
+}
+
+// headerName is a header name as a string: the engine's names without an
+// allocation.
+func headerName(b []byte) string {
+	switch string(b) {
+	case "RateLimit-Policy":
+		return "RateLimit-Policy"
+	case "RateLimit":
+		return "RateLimit"
+	case "X-RateLimit-Limit":
+		return "X-RateLimit-Limit"
+	case "X-RateLimit-Remaining":
+		return "X-RateLimit-Remaining"
+	case "X-RateLimit-Reset":
+		return "X-RateLimit-Reset"
+	case "Retry-After":
+		return "Retry-After"
+	}
+	return string(b)
 }
 
 // rank orders the limits of one descriptor for its status, lowest first:
@@ -418,10 +516,6 @@ func (s *Service) rank(a applied, res []decide.Result) int64 {
 	return res[a.req].Remaining
 }
 
-func currentLimit(l *envoyconf.Limit) *pb.RateLimitResponse_RateLimit {
-	return &pb.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(l.Unit)}
-}
-
 // untilWindowEnd is the time left in the unit's current window, counted
 // from the Unix epoch as envoyproxy/ratelimit counts it.
 func untilWindowEnd(u envoyconf.Unit, now time.Time) time.Duration {
@@ -432,14 +526,11 @@ func untilWindowEnd(u envoyconf.Unit, now time.Time) time.Duration {
 // openResponse answers when the store cannot decide and the fail mode
 // admits: OK for every descriptor, without counts.
 func openResponse(r *pb.RateLimitRequest, apps []applied) *pb.RateLimitResponse {
-	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(r.GetDescriptors()))}
-	for i := range resp.Statuses {
-		resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
-	}
+	rp := newReply(len(r.GetDescriptors()))
 	for _, a := range apps {
 		if a.limit.Unlimited {
-			resp.Statuses[a.desc].LimitRemaining = math.MaxUint32
+			rp.resp.Statuses[a.desc].LimitRemaining = math.MaxUint32
 		}
 	}
-	return resp
+	return &rp.resp
 }
