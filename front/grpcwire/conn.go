@@ -87,7 +87,9 @@ type conn struct {
 	opened     int  // streams opened since the read deadline was last set
 	flooded    bool // too many control frames wait: the connection ends
 
-	mu          sync.Mutex
+	mu sync.Mutex
+	// flushed is signalled, under mu, when a writer stops flushing.
+	flushed     sync.Cond
 	streams     map[uint32]*stream
 	active      int // calls counted against MaxConcurrentStreams
 	maxStream   uint32
@@ -149,6 +151,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{srv: s, nc: nc, ctx: ctx, cancel: cancel, streams: map[uint32]*stream{},
 		sendWindow: defaultWindow, peerWindow: defaultWindow, maxFrame: readFrameSize}
+	c.flushed.L = &c.mu
 	c.br = bufio.NewReaderSize(deadlineReader{c}, 16<<10)
 	c.fr = http2.NewFramer(io.Discard, c.br)
 	c.fr.SetReuseFrames()
@@ -262,6 +265,13 @@ func (c *conn) serve() {
 	}
 	c.closing = true
 	c.flushLocked()
+	// Another goroutine may be writing, and writes the GOAWAY after what
+	// it has: half-closing now would lose it.
+	c.mu.Lock()
+	for c.flushing && !c.closed {
+		c.flushed.Wait()
+	}
+	c.mu.Unlock()
 	c.drain()
 }
 
@@ -1104,12 +1114,14 @@ func (c *conn) flushLocked() {
 		}
 		if err != nil {
 			c.flushing = false
+			c.flushed.Broadcast()
 			c.mu.Unlock()
 			c.closeNow(err)
 			return
 		}
 	}
 	c.flushing = false
+	c.flushed.Broadcast()
 	end := c.closing && c.active == 0 && !c.closed && !c.halfClosed
 	if end {
 		c.halfClosed = true
