@@ -7,12 +7,12 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/internal/acceptwait"
 )
 
 // listener is the server's listener. It keeps the connections it accepts,
@@ -67,27 +67,6 @@ func (l *listener) Close() error {
 	return l.Listener.Close()
 }
 
-// The waits after a failed accept: doubling from the first to the longest.
-const (
-	acceptFirstWait   = 5 * time.Millisecond
-	acceptLongestWait = time.Second
-)
-
-// retryAccept reports whether a failed accept may succeed later: the
-// process or the system is out of file descriptors or memory, or a
-// connection went away before it was accepted.
-func retryAccept(err error) bool {
-	if errors.Is(err, net.ErrClosed) {
-		return false
-	}
-	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.ECONNRESET, syscall.EINTR, syscall.EAGAIN} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return isTimeout(err)
-}
-
 // timeouts bound how long a client holds a connection. conn keeps them,
 // not fasthttp: fasthttp's ReadTimeout, WriteTimeout and IdleTimeout set
 // three deadlines for every request, each a timer reset and two readings
@@ -122,14 +101,14 @@ func (l *listener) Accept() (net.Conn, error) {
 	for {
 		nc, err := l.Listener.Accept()
 		if err != nil {
-			if !retryAccept(err) {
+			if !acceptwait.Retryable(err) {
 				return nil, err
 			}
 			l.metrics.acceptErrors.Inc()
 			if wait == 0 {
 				l.log.Warn("accept failed; accepting again after a wait", "err", err)
 			}
-			wait = min(max(2*wait, acceptFirstWait), acceptLongestWait)
+			wait = acceptwait.Next(wait)
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:

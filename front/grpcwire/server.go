@@ -20,12 +20,13 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/authlimit/authlimit/internal/acceptwait"
 )
 
 // ErrServerStopped is Serve's error once Stop or GracefulStop was called.
@@ -259,28 +260,6 @@ func serverStream[Req any, PReq interface {
 // handler ends its stream.
 func (s *Server) Draining() <-chan struct{} { return s.draining }
 
-// The waits after a failed accept: doubling from the first to the longest.
-const (
-	acceptFirstWait   = 5 * time.Millisecond
-	acceptLongestWait = time.Second
-)
-
-// retryAccept reports whether a failed accept may succeed later: the
-// process or the system is out of file descriptors or memory, or a
-// connection went away before it was accepted.
-func retryAccept(err error) bool {
-	if errors.Is(err, net.ErrClosed) {
-		return false
-	}
-	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.ECONNRESET, syscall.EINTR, syscall.EAGAIN} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
 // Serve accepts connections on l and serves each until Stop or
 // GracefulStop, when it returns ErrServerStopped. After an accept error a
 // later accept may not have (no file descriptor free, say), it waits, from
@@ -310,13 +289,13 @@ func (s *Server) Serve(l net.Listener) error {
 			if stopped {
 				return ErrServerStopped
 			}
-			if !retryAccept(err) {
+			if !acceptwait.Retryable(err) {
 				return fmt.Errorf("accept: %w", err)
 			}
 			if wait == 0 {
 				s.opts.Log.Warn("grpc accept failed; accepting again after a wait", "err", err)
 			}
-			wait = min(max(2*wait, acceptFirstWait), acceptLongestWait)
+			wait = acceptwait.Next(wait)
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
