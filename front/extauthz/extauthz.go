@@ -115,6 +115,8 @@ type scratch struct {
 	hdrs headers
 	xff  [][]byte
 	size []byte // attributes.request.http.size, in decimal
+	// values is where a response's header values are built.
+	values []byte
 }
 
 // Check decides one request.
@@ -148,7 +150,9 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	if out.Delay > 0 {
 		s.sleep(ctx, out.Delay)
 	}
-	return response(out), nil
+	var resp *authv3.CheckResponse
+	resp, sc.values = response(out, sc.values[:0])
+	return resp, nil
 }
 
 // release pools sc without the request's headers, which it would
@@ -160,27 +164,98 @@ func (s *Server) release(sc *scratch) {
 	s.scratch.Put(sc)
 }
 
-// response writes the outcome as a CheckResponse.
-func response(out *decide.Outcome) *authv3.CheckResponse {
-	hs := make([]*corev3.HeaderValueOption, 0, len(out.Headers)+1)
-	for _, x := range out.Headers {
-		hs = append(hs, header(string(x.Name), string(x.Value)))
-	}
+// response writes the outcome as a CheckResponse. An admitted request's
+// response, its messages and its headers are one allocation and its
+// headers' values one string (built by appending to buf, returned for
+// reuse); a denial's messages are allocated each.
+func response(out *decide.Outcome, buf []byte) (*authv3.CheckResponse, []byte) {
+	rp := &reply{}
+	hs, buf := rp.headers(out.Headers, buf)
 	if out.Verdict.Admitted() {
-		return &authv3.CheckResponse{
-			Status:       &rpcstatus.Status{Code: int32(codes.OK)},
-			HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{ResponseHeadersToAdd: hs}},
-		}
+		rp.ok.OkResponse = &rp.okResp
+		rp.okResp.ResponseHeadersToAdd = hs
+		rp.resp.Status = &rp.status
+		rp.resp.HttpResponse = &rp.ok
+		return &rp.resp, buf
 	}
-	hs = append(hs, header("Content-Type", "application/problem+json"))
-	return &authv3.CheckResponse{
-		Status: &rpcstatus.Status{Code: int32(code(out.Verdict)), Message: out.Kind},
-		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
-			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(out.Status)},
-			Headers: hs,
-			Body:    string(out.Body),
-		}},
+	ct := &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: "Content-Type", Value: "application/problem+json"},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 	}
+	rp.status.Code, rp.status.Message = int32(code(out.Verdict)), out.Kind
+	rp.resp.Status = &rp.status
+	rp.resp.HttpResponse = &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(out.Status)},
+		Headers: append(hs, ct),
+		Body:    string(out.Body),
+	}}
+	return &rp.resp, buf
+}
+
+// reply is a CheckResponse with the messages an OK answer points to,
+// allocated as one. Its messages are never copied once in use.
+type reply struct {
+	resp    authv3.CheckResponse
+	status  rpcstatus.Status
+	ok      authv3.CheckResponse_OkResponse
+	okResp  authv3.OkHttpResponse
+	optPtrs [maxHeaders + 1]*corev3.HeaderValueOption // one more for a denial's Content-Type
+	opts    [maxHeaders]corev3.HeaderValueOption
+	values  [maxHeaders]corev3.HeaderValue
+}
+
+// maxHeaders is the most headers the engine answers with: see
+// decide.Outcome.Headers.
+const maxHeaders = 6
+
+// headers returns hs as header options, each overwriting a header of the
+// same name. The values become one string, built by appending to buf
+// (returned for reuse); the names the engine writes are constants. More
+// headers than a reply holds are allocated apart.
+func (rp *reply) headers(hs []decide.Header, buf []byte) ([]*corev3.HeaderValueOption, []byte) {
+	ptrs, opts, vals := rp.optPtrs[:0], rp.opts[:0], rp.values[:0]
+	if len(hs) > maxHeaders {
+		ptrs = make([]*corev3.HeaderValueOption, 0, len(hs)+1)
+		opts, vals = make([]corev3.HeaderValueOption, 0, len(hs)), make([]corev3.HeaderValue, 0, len(hs))
+	}
+	if len(hs) == 0 {
+		return ptrs, buf
+	}
+	from := len(buf)
+	for _, h := range hs {
+		buf = append(buf, h.Value...)
+	}
+	all := string(buf[from:])
+	for _, h := range hs {
+		vals = append(vals, corev3.HeaderValue{})
+		v := &vals[len(vals)-1]
+		v.Key, v.Value, all = headerName(h.Name), all[:len(h.Value)], all[len(h.Value):]
+		opts = append(opts, corev3.HeaderValueOption{})
+		o := &opts[len(opts)-1]
+		o.Header, o.AppendAction = v, corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		ptrs = append(ptrs, o)
+	}
+	return ptrs, buf
+}
+
+// headerName is a header name as a string: the engine's names without an
+// allocation.
+func headerName(b []byte) string {
+	switch string(b) {
+	case "RateLimit-Policy":
+		return "RateLimit-Policy"
+	case "RateLimit":
+		return "RateLimit"
+	case "X-RateLimit-Limit":
+		return "X-RateLimit-Limit"
+	case "X-RateLimit-Remaining":
+		return "X-RateLimit-Remaining"
+	case "X-RateLimit-Reset":
+		return "X-RateLimit-Reset"
+	case "Retry-After":
+		return "Retry-After"
+	}
+	return string(b)
 }
 
 // code is the gRPC status of a CheckResponse that is not OK. Envoy answers
@@ -198,13 +273,6 @@ func code(v decide.Verdict) codes.Code {
 		return codes.Internal
 	}
 	return codes.PermissionDenied
-}
-
-func header(k, v string) *corev3.HeaderValueOption {
-	return &corev3.HeaderValueOption{
-		Header:       &corev3.HeaderValue{Key: k, Value: v},
-		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-	}
 }
 
 // peer returns the source's IP address; a source that is not an IP socket
