@@ -57,6 +57,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -128,6 +129,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
 	sc.hdrs = headers{joined: h.GetHeaders()}
+	sc.hdrs.lower = lowerKeys(sc.hdrs.joined)
 	if m := h.GetHeaderMap(); m != nil {
 		sc.hdrs = headers{raw: m.GetHeaders()}
 	}
@@ -136,7 +138,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	realIP, _ := sc.hdrs.Lookup("x-real-ip")
 	src := peer(req.GetAttributes().GetSource().GetAddress())
 	ip := s.proxies.ClientIP(sc.xff, realIP, src)
-	s.engine.Read(&sc.in, ip, []byte(h.GetMethod()), []byte(h.GetPath()), []byte(h.GetHost()), &sc.hdrs)
+	s.engine.Read(&sc.in, ip, view(h.GetMethod()), view(h.GetPath()), view(h.GetHost()), &sc.hdrs)
 	// Only a trusted proxy's tier header is believed, as for /auth.
 	sc.in.TrustedPeer = s.proxies.Trusts(src.Unmap())
 
@@ -280,7 +282,7 @@ func code(v decide.Verdict) codes.Code {
 // Unix-socket peer.
 func peer(a *corev3.Address) netip.Addr {
 	if sa := a.GetSocketAddress(); sa != nil {
-		if ip, ok := rules.ParseIP([]byte(sa.GetAddress())); ok {
+		if ip, ok := rules.ParseIP(view(sa.GetAddress())); ok {
 			return ip
 		}
 	}
@@ -312,6 +314,10 @@ var lengthHeaders = []string{"Content-Length", "X-Original-Content-Length"}
 type headers struct {
 	raw    []*corev3.HeaderValue
 	joined map[string]string
+	// lower is whether every joined name is ASCII without an upper-case
+	// letter, as Envoy sends them: then a name matches, in any case, only
+	// the key that is its lower case.
+	lower bool
 	// length is the request's body length, lengths how many (see
 	// bodyLength): what a body-length header reads.
 	length  []byte
@@ -358,13 +364,10 @@ func foldHeaderByte(c byte) byte {
 func (h *headers) lookup(name string) ([]byte, int) {
 	if h.joined != nil {
 		v, ok := h.joined[name]
-		if !ok {
-			for k, kv := range h.joined {
-				if strings.EqualFold(k, name) {
-					v, ok = kv, true
-					break
-				}
-			}
+		if !ok && h.lower {
+			v, ok = h.lowerLookup(name)
+		} else if !ok {
+			v, ok = h.foldLookup(name)
 		}
 		switch {
 		case !ok:
@@ -372,7 +375,7 @@ func (h *headers) lookup(name string) ([]byte, int) {
 		case strings.IndexByte(v, ',') >= 0:
 			return nil, 2
 		}
-		return []byte(v), 1
+		return view(v), 1
 	}
 	var val []byte
 	n := 0
@@ -393,9 +396,15 @@ func (h *headers) lookup(name string) ([]byte, int) {
 // joined values are one list anyway.
 func (h *headers) all(dst [][]byte, name string) [][]byte {
 	if h.joined != nil {
+		if h.lower {
+			if v, ok := h.lowerLookup(name); ok {
+				dst = append(dst, view(v))
+			}
+			return dst
+		}
 		for k, v := range h.joined {
 			if strings.EqualFold(k, name) {
-				dst = append(dst, []byte(v))
+				dst = append(dst, view(v))
 			}
 		}
 		return dst
@@ -408,11 +417,65 @@ func (h *headers) all(dst [][]byte, name string) [][]byte {
 	return dst
 }
 
+// lowerLookup looks name up in lower-case joined headers (h.lower): the
+// key, if any, that strings.EqualFold finds equal to name. A name longer
+// than a header name can be, or not ASCII, is looked for key by key.
+func (h *headers) lowerLookup(name string) (string, bool) {
+	var buf [64]byte
+	if len(name) > len(buf) {
+		return h.foldLookup(name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 0x80:
+			return h.foldLookup(name)
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		buf[i] = c
+	}
+	v, ok := h.joined[string(buf[:len(name)])]
+	return v, ok
+}
+
+// foldLookup looks name up key by key.
+func (h *headers) foldLookup(name string) (string, bool) {
+	for k, v := range h.joined {
+		if strings.EqualFold(k, name) {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// lowerKeys reports whether every key of m is ASCII without an upper-case
+// letter.
+func lowerKeys(m map[string]string) bool {
+	for k := range m {
+		for i := 0; i < len(k); i++ {
+			if c := k[i]; c >= 0x80 || 'A' <= c && c <= 'Z' {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// view is s as bytes, without a copy: for reading only, as rules reads a
+// request (it copies what it keeps).
+func view(s string) []byte {
+	if s == "" {
+		return []byte{} // empty, as []byte(s), not nil
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
+
 func rawValue(x *corev3.HeaderValue) []byte {
 	if len(x.GetRawValue()) > 0 {
 		return x.GetRawValue()
 	}
-	return []byte(x.GetValue())
+	return view(x.GetValue())
 }
 
 // sleep holds for d or until ctx ends.
