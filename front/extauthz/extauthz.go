@@ -66,6 +66,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/rules"
@@ -107,38 +109,109 @@ func New(opts Options) (*Server, error) {
 // CheckMethod is the full path of the method Server answers.
 const CheckMethod = "/envoy.service.auth.v3.Authorization/Check"
 
-// Register serves the server's Check on g.
-func (s *Server) Register(g *grpcwire.Server) error { return grpcwire.Unary(g, CheckMethod, s.Check) }
+// Register serves the server's Check on g, reading each request's bytes
+// as they came (see readRequest).
+func (s *Server) Register(g *grpcwire.Server) error {
+	return grpcwire.UnaryRaw(g, CheckMethod, s.checkWire)
+}
 
 type scratch struct {
+	req  request
 	in   decide.Input
 	out  decide.Outcome
-	hdrs headers
 	xff  [][]byte
 	size []byte // attributes.request.http.size, in decimal
 	// values is where a response's header values are built.
 	values []byte
 }
 
+// request is what Check reads of a CheckRequest: see the package's
+// documentation.
+type request struct {
+	http               bool   // attributes.request.http is present
+	socket             bool   // attributes.source.address is a socket_address
+	source             string // its address
+	method, path, host string
+	size               int64
+	hdrs               headers // joinedList's or rawList's
+	// joinedList and rawList are attributes.request.http's headers and
+	// header_map, with their capacity kept for the next request.
+	joinedList, rawList []field
+}
+
+// reset empties r, keeping its lists' capacity.
+func (r *request) reset() {
+	j, raw := r.joinedList, r.rawList
+	clear(j)
+	clear(raw)
+	*r = request{joinedList: j[:0], rawList: raw[:0]}
+	r.hdrs.joined = true
+}
+
 // Check decides one request.
 func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
-	h := req.GetAttributes().GetRequest().GetHttp()
-	if h == nil {
-		return nil, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http")
-	}
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
-	sc.hdrs = headers{joined: h.GetHeaders()}
-	sc.hdrs.lower = lowerKeys(sc.hdrs.joined)
-	if m := h.GetHeaderMap(); m != nil {
-		sc.hdrs = headers{raw: m.GetHeaders()}
+	fromMessage(&sc.req, req)
+	return s.check(ctx, sc)
+}
+
+// checkWire decides the request encoded in b and appends its encoded
+// response to out. A request readRequest cannot vouch for is decoded
+// whole, as Check's caller decodes it.
+func (s *Server) checkWire(ctx context.Context, b, out []byte) ([]byte, error) {
+	sc := s.scratch.Get().(*scratch)
+	defer s.release(sc)
+	if !readRequest(&sc.req, b) {
+		var m authv3.CheckRequest
+		if err := proto.Unmarshal(b, &m); err != nil {
+			return out, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+		}
+		fromMessage(&sc.req, &m)
 	}
-	sc.hdrs.length, sc.hdrs.lengths, sc.size = bodyLength(&sc.hdrs, h.GetSize(), sc.size[:0])
-	sc.xff = sc.hdrs.all(sc.xff[:0], "x-forwarded-for")
-	realIP, _ := sc.hdrs.Lookup("x-real-ip")
-	src := peer(req.GetAttributes().GetSource().GetAddress())
+	resp, err := s.check(ctx, sc)
+	if err != nil {
+		return out, err
+	}
+	out, err = proto.MarshalOptions{}.MarshalAppend(out, resp)
+	if err != nil {
+		return out, status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
+	}
+	return out, nil
+}
+
+// fromMessage reads m into r.
+func fromMessage(r *request, m *authv3.CheckRequest) {
+	h := m.GetAttributes().GetRequest().GetHttp()
+	sa := m.GetAttributes().GetSource().GetAddress().GetSocketAddress()
+	r.reset()
+	r.http, r.socket, r.source = h != nil, sa != nil, sa.GetAddress()
+	r.method, r.path, r.host, r.size = h.GetMethod(), h.GetPath(), h.GetHost(), h.GetSize()
+	for k, v := range h.GetHeaders() {
+		r.joinedList = append(r.joinedList, field{key: k, value: v})
+	}
+	r.hdrs.list = r.joinedList
+	if hm := h.GetHeaderMap(); hm != nil {
+		for _, x := range hm.GetHeaders() {
+			r.rawList = append(r.rawList, field{key: x.GetKey(), value: x.GetValue(), raw: x.GetRawValue()})
+		}
+		r.hdrs.joined, r.hdrs.list = false, r.rawList
+	}
+}
+
+// check decides sc.req.
+func (s *Server) check(ctx context.Context, sc *scratch) (*authv3.CheckResponse, error) {
+	r := &sc.req
+	if !r.http {
+		return nil, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http")
+	}
+	r.hdrs.lower = r.hdrs.joined && lowerKeys(r.hdrs.list)
+	r.hdrs.length, r.hdrs.lengths, sc.size = bodyLength(&r.hdrs, r.size, sc.size[:0])
+	sc.xff = r.hdrs.all(sc.xff[:0], "x-forwarded-for")
+	realIP, _ := r.hdrs.Lookup("x-real-ip")
+	src := peer(r.socket, r.source)
 	ip := s.proxies.ClientIP(sc.xff, realIP, src)
-	s.engine.Read(&sc.in, ip, view(h.GetMethod()), view(h.GetPath()), view(h.GetHost()), &sc.hdrs)
+	s.engine.Read(&sc.in, ip, view(r.method), view(r.path), view(r.host), &r.hdrs)
 	// Only a trusted proxy's tier header is believed, as for /auth.
 	sc.in.TrustedPeer = s.proxies.Trusts(src.Unmap())
 
@@ -160,7 +233,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 // release pools sc without the request's headers, which it would
 // otherwise keep alive until its next use.
 func (s *Server) release(sc *scratch) {
-	sc.hdrs = headers{}
+	sc.req.reset()
 	clear(sc.xff)
 	sc.in.Request.Header = nil
 	s.scratch.Put(sc)
@@ -280,9 +353,9 @@ func code(v decide.Verdict) codes.Code {
 // peer returns the source's IP address; a source that is not an IP socket
 // address (a pipe, an internal address, none) is local, as /auth takes a
 // Unix-socket peer.
-func peer(a *corev3.Address) netip.Addr {
-	if sa := a.GetSocketAddress(); sa != nil {
-		if ip, ok := rules.ParseIP(view(sa.GetAddress())); ok {
+func peer(socket bool, address string) netip.Addr {
+	if socket {
+		if ip, ok := rules.ParseIP(view(address)); ok {
 			return ip
 		}
 	}
@@ -312,16 +385,23 @@ var lengthHeaders = []string{"Content-Length", "X-Original-Content-Length"}
 // headers gives rules a CheckRequest's headers: raw, one entry per header
 // line, or joined, one value per name with repeats joined by ",".
 type headers struct {
-	raw    []*corev3.HeaderValue
-	joined map[string]string
+	list   []field
+	joined bool
 	// lower is whether every joined name is ASCII without an upper-case
-	// letter, as Envoy sends them: then a name matches, in any case, only
-	// the key that is its lower case.
+	// letter, as Envoy sends them: then an ASCII name can only match a key
+	// of its length.
 	lower bool
 	// length is the request's body length, lengths how many (see
 	// bodyLength): what a body-length header reads.
 	length  []byte
 	lengths int
+}
+
+// field is a header: a joined one's name and value, or a raw one's name,
+// value and raw value.
+type field struct {
+	key, value string
+	raw        []byte
 }
 
 // Lookup implements rules.Headers. In joined headers, a value with a comma
@@ -362,27 +442,29 @@ func foldHeaderByte(c byte) byte {
 
 // lookup looks name up in the headers as Envoy sent them.
 func (h *headers) lookup(name string) ([]byte, int) {
-	if h.joined != nil {
-		v, ok := h.joined[name]
-		if !ok && h.lower {
-			v, ok = h.lowerLookup(name)
-		} else if !ok {
-			v, ok = h.foldLookup(name)
+	fast := h.lower && ascii(name)
+	if h.joined {
+		if !fast {
+			// Several names may fold alike: the one spelled as asked wins.
+			for _, f := range h.list {
+				if f.key == name {
+					return joinedValue(f.value)
+				}
+			}
 		}
-		switch {
-		case !ok:
-			return nil, 0
-		case strings.IndexByte(v, ',') >= 0:
-			return nil, 2
+		for _, f := range h.list {
+			if (!fast || len(f.key) == len(name)) && strings.EqualFold(f.key, name) {
+				return joinedValue(f.value)
+			}
 		}
-		return view(v), 1
+		return nil, 0
 	}
 	var val []byte
 	n := 0
-	for _, x := range h.raw {
-		if strings.EqualFold(x.GetKey(), name) {
+	for i := range h.list {
+		if strings.EqualFold(h.list[i].key, name) {
 			if n++; n == 1 {
-				val = rawValue(x)
+				val = rawValue(&h.list[i])
 			}
 		}
 	}
@@ -392,69 +474,46 @@ func (h *headers) lookup(name string) ([]byte, int) {
 	return val, 1
 }
 
+// joinedValue is a joined header's value: one with a comma may be several
+// lines joined, and counts as two.
+func joinedValue(v string) ([]byte, int) {
+	if strings.IndexByte(v, ',') >= 0 {
+		return nil, 2
+	}
+	return view(v), 1
+}
+
 // all appends every value of the named header, for X-Forwarded-For, whose
 // joined values are one list anyway.
 func (h *headers) all(dst [][]byte, name string) [][]byte {
-	if h.joined != nil {
-		if h.lower {
-			if v, ok := h.lowerLookup(name); ok {
-				dst = append(dst, view(v))
-			}
-			return dst
-		}
-		for k, v := range h.joined {
-			if strings.EqualFold(k, name) {
-				dst = append(dst, view(v))
-			}
-		}
-		return dst
-	}
-	for _, x := range h.raw {
-		if strings.EqualFold(x.GetKey(), name) {
-			dst = append(dst, rawValue(x))
+	fast := h.lower && ascii(name)
+	for i := range h.list {
+		f := &h.list[i]
+		if (!fast || len(f.key) == len(name)) && strings.EqualFold(f.key, name) {
+			dst = append(dst, rawValue(f))
 		}
 	}
 	return dst
 }
 
-// lowerLookup looks name up in lower-case joined headers (h.lower): the
-// key, if any, that strings.EqualFold finds equal to name. A name longer
-// than a header name can be, or not ASCII, is looked for key by key.
-func (h *headers) lowerLookup(name string) (string, bool) {
-	var buf [64]byte
-	if len(name) > len(buf) {
-		return h.foldLookup(name)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 0x80:
-			return h.foldLookup(name)
-		case 'A' <= c && c <= 'Z':
-			c += 'a' - 'A'
-		}
-		buf[i] = c
-	}
-	v, ok := h.joined[string(buf[:len(name)])]
-	return v, ok
-}
-
-// foldLookup looks name up key by key.
-func (h *headers) foldLookup(name string) (string, bool) {
-	for k, v := range h.joined {
-		if strings.EqualFold(k, name) {
-			return v, true
+// ascii reports whether s is all ASCII: then, against another ASCII
+// string, strings.EqualFold can only find one of its own length.
+func ascii(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
 		}
 	}
-	return "", false
+	return true
 }
 
-// lowerKeys reports whether every key of m is ASCII without an upper-case
-// letter.
-func lowerKeys(m map[string]string) bool {
-	for k := range m {
-		for i := 0; i < len(k); i++ {
-			if c := k[i]; c >= 0x80 || 'A' <= c && c <= 'Z' {
+// lowerKeys reports whether every name in l is ASCII without an
+// upper-case letter.
+func lowerKeys(l []field) bool {
+	for i := range l {
+		k := l[i].key
+		for j := 0; j < len(k); j++ {
+			if c := k[j]; c >= 0x80 || 'A' <= c && c <= 'Z' {
 				return false
 			}
 		}
@@ -471,11 +530,12 @@ func view(s string) []byte {
 	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
-func rawValue(x *corev3.HeaderValue) []byte {
-	if len(x.GetRawValue()) > 0 {
-		return x.GetRawValue()
+// rawValue is a header's value: a raw header's raw value when it has one.
+func rawValue(f *field) []byte {
+	if len(f.raw) > 0 {
+		return f.raw
 	}
-	return view(x.GetValue())
+	return view(f.value)
 }
 
 // sleep holds for d or until ctx ends.

@@ -1,0 +1,263 @@
+package extauthz
+
+import (
+	"unicode/utf8"
+	"unsafe"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// readRequest reads the CheckRequest encoded in b into r as fromMessage
+// reads the decoded message, without decoding it: r's strings point into
+// b. It reports false, with r unspecified, when it cannot vouch that
+// proto.Unmarshal decodes b without an error (see wellFormed): the caller
+// then decodes it whole.
+func readRequest(r *request, b []byte) bool {
+	if !wellFormed(checkRequestDesc, b, 0) {
+		return false
+	}
+	r.reset()
+	// Every message below is read where it occurs: a singular message
+	// that occurs twice is merged, as proto.Unmarshal merges it, its
+	// scalars the last seen, its lists and maps added to.
+	each(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+		if num == 1 && typ == protowire.BytesType { // attributes
+			each(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+				switch {
+				case num == 1 && typ == protowire.BytesType: // source
+					each(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+						if num == 1 && typ == protowire.BytesType { // address
+							readAddress(r, v)
+						}
+					})
+				case num == 4 && typ == protowire.BytesType: // request
+					each(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+						if num == 2 && typ == protowire.BytesType { // http
+							r.http = true
+							readHTTP(r, v)
+						}
+					})
+				}
+			})
+		}
+	})
+	r.hdrs.list = r.joinedList
+	if !r.hdrs.joined {
+		r.hdrs.list = r.rawList
+	}
+	return true
+}
+
+// readAddress reads a core.v3.Address: socket_address, pipe and
+// envoy_internal_address are one oneof, each replacing another.
+func readAddress(r *request, b []byte) {
+	each(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+		if typ != protowire.BytesType {
+			return
+		}
+		switch num {
+		case 1: // socket_address
+			if !r.socket {
+				r.socket, r.source = true, ""
+			}
+			each(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+				if num == 2 && typ == protowire.BytesType { // address
+					r.source = str(v)
+				}
+			})
+		case 2, 3: // pipe, envoy_internal_address
+			r.socket, r.source = false, ""
+		}
+	})
+}
+
+// readHTTP reads an AttributeContext.HttpRequest.
+func readHTTP(r *request, b []byte) {
+	each(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) {
+		if typ == protowire.VarintType {
+			if num == 9 { // size
+				r.size = int64(x)
+			}
+			return
+		}
+		if typ != protowire.BytesType {
+			return
+		}
+		switch num {
+		case 2:
+			r.method = str(v)
+		case 4:
+			r.path = str(v)
+		case 5:
+			r.host = str(v)
+		case 3: // headers, a map entry: key 1, value 2
+			var k, val string
+			each(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+				if typ == protowire.BytesType && num == 1 {
+					k = str(v)
+				} else if typ == protowire.BytesType && num == 2 {
+					val = str(v)
+				}
+			})
+			r.joinedHeader(k, val)
+		case 13: // header_map
+			r.headerMap(v)
+		}
+	})
+}
+
+// joinedHeader adds a headers map entry, replacing one of the same key, as
+// a map's later entry does.
+func (r *request) joinedHeader(k, v string) {
+	for i := range r.joinedList {
+		if r.joinedList[i].key == k {
+			r.joinedList[i].value = v
+			return
+		}
+	}
+	r.joinedList = append(r.joinedList, field{key: k, value: v})
+}
+
+// headerMap adds a core.v3.HeaderMap's headers: its presence, even empty,
+// makes the request's headers raw.
+func (r *request) headerMap(b []byte) {
+	r.hdrs.joined = false
+	each(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+		if num != 1 || typ != protowire.BytesType {
+			return
+		}
+		var f field
+		each(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+			if typ != protowire.BytesType {
+				return
+			}
+			switch num {
+			case 1:
+				f.key = str(v)
+			case 2:
+				f.value = str(v)
+			case 3:
+				f.raw = v
+			}
+		})
+		r.rawList = append(r.rawList, f)
+	})
+}
+
+// each calls f with every field of the well-formed message b: its number,
+// wire type, and its bytes (a length-delimited field's contents) or its
+// varint's value.
+func each(b []byte, f func(protowire.Number, protowire.Type, []byte, uint64)) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		b = b[n:]
+		switch typ {
+		case protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			f(num, typ, v, 0)
+			b = b[n:]
+		case protowire.VarintType:
+			x, n := protowire.ConsumeVarint(b)
+			f(num, typ, nil, x)
+			b = b[n:]
+		default:
+			b = b[protowire.ConsumeFieldValue(num, typ, b):]
+		}
+	}
+}
+
+// str is b as a string, without a copy: b is the request's, which
+// outlives the call.
+func str(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+var checkRequestDesc = (&authv3.CheckRequest{}).ProtoReflect().Descriptor()
+
+// maxDepth is how deep wellFormed follows messages in messages; a deeper
+// request is decoded whole.
+const maxDepth = 32
+
+// wellFormed reports whether b is a message of type md that proto.Unmarshal
+// decodes without an error, as far as it can tell: every field's tag and
+// value parse; a known field's value of the wire type of its kind is
+// valid (a proto3 string is UTF-8; a message is itself well formed); a
+// field of another wire type, or an unknown one, is kept unknown by
+// proto.Unmarshal and need only parse. What it does not follow (groups, a
+// packed list, a message with extensions, a file not proto3) it does not
+// vouch for.
+func wellFormed(md protoreflect.MessageDescriptor, b []byte, depth int) bool {
+	if depth > maxDepth || md.ExtensionRanges().Len() > 0 || md.ParentFile().Syntax() != protoreflect.Proto3 {
+		return false
+	}
+	fields := md.Fields()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		fd := fields.ByNumber(num)
+		if fd == nil || typ != wireType(fd.Kind()) {
+			if fd != nil && typ == protowire.BytesType && fd.IsList() && wireType(fd.Kind()) != protowire.BytesType {
+				return false // a packed list
+			}
+			if typ == protowire.StartGroupType {
+				return false
+			}
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return false
+			}
+			b = b[n:]
+			continue
+		}
+		switch typ {
+		case protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return false
+			}
+			b = b[n:]
+			switch fd.Kind() {
+			case protoreflect.StringKind:
+				if !utf8.Valid(v) {
+					return false
+				}
+			case protoreflect.MessageKind:
+				if !wellFormed(fd.Message(), v, depth+1) {
+					return false
+				}
+			}
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return false
+			}
+			b = b[n:]
+		}
+	}
+	return true
+}
+
+// wireType is the wire type of a value of kind k (a list's element, not
+// packed); a group's is StartGroupType, which wellFormed does not follow.
+func wireType(k protoreflect.Kind) protowire.Type {
+	switch k {
+	case protoreflect.BoolKind, protoreflect.EnumKind, protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Uint32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Uint64Kind:
+		return protowire.VarintType
+	case protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind, protoreflect.FloatKind:
+		return protowire.Fixed32Type
+	case protoreflect.Fixed64Kind, protoreflect.Sfixed64Kind, protoreflect.DoubleKind:
+		return protowire.Fixed64Type
+	case protoreflect.StringKind, protoreflect.BytesKind, protoreflect.MessageKind:
+		return protowire.BytesType
+	}
+	return protowire.StartGroupType
+}
