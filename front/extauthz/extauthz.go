@@ -47,6 +47,12 @@
 // must not count as the store failing. Envoy's ext_authz timeout should
 // exceed that budget. A shaped request is held until its delay passes or
 // the call ends.
+//
+// Served on front/grpcwire, Check reads those fields from the request's
+// bytes, without decoding the rest (see readRequest), whenever it can tell
+// that proto.Unmarshal would decode them without an error; any other
+// request is decoded whole: a request's meaning is proto.Unmarshal's
+// either way.
 package extauthz
 
 import (
@@ -65,7 +71,6 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
 	"google.golang.org/protobuf/proto"
 
 	"github.com/authlimit/authlimit/decide"
