@@ -158,7 +158,13 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
 	fromMessage(&sc.req, req)
-	return s.check(ctx, sc)
+	out, err := s.check(ctx, sc)
+	if err != nil {
+		return nil, err
+	}
+	var resp *authv3.CheckResponse
+	resp, sc.values = response(out, sc.values[:0])
+	return resp, nil
 }
 
 // checkWire decides the request encoded in b and appends its encoded
@@ -174,10 +180,15 @@ func (s *Server) checkWire(ctx context.Context, b, out []byte) ([]byte, error) {
 		}
 		fromMessage(&sc.req, &m)
 	}
-	resp, err := s.check(ctx, sc)
+	o, err := s.check(ctx, sc)
 	if err != nil {
 		return out, err
 	}
+	if o.Verdict.Admitted() {
+		return appendOK(out, o.Headers), nil
+	}
+	var resp *authv3.CheckResponse
+	resp, sc.values = response(o, sc.values[:0])
 	out, err = proto.MarshalOptions{}.MarshalAppend(out, resp)
 	if err != nil {
 		return out, status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
@@ -205,7 +216,7 @@ func fromMessage(r *request, m *authv3.CheckRequest) {
 }
 
 // check decides sc.req.
-func (s *Server) check(ctx context.Context, sc *scratch) (*authv3.CheckResponse, error) {
+func (s *Server) check(ctx context.Context, sc *scratch) (*decide.Outcome, error) {
 	r := &sc.req
 	if !r.http {
 		return nil, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http")
@@ -230,9 +241,7 @@ func (s *Server) check(ctx context.Context, sc *scratch) (*authv3.CheckResponse,
 	if out.Delay > 0 {
 		s.sleep(ctx, out.Delay)
 	}
-	var resp *authv3.CheckResponse
-	resp, sc.values = response(out, sc.values[:0])
-	return resp, nil
+	return out, nil
 }
 
 // release pools sc without the request's headers, which it would

@@ -7,6 +7,8 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/authlimit/authlimit/decide"
 )
 
 // readRequest reads the CheckRequest encoded in b into r as fromMessage
@@ -260,4 +262,70 @@ func wireType(k protoreflect.Kind) protowire.Type {
 		return protowire.BytesType
 	}
 	return protowire.StartGroupType
+}
+
+// The field numbers of an OK CheckResponse, as appendOK writes it.
+const (
+	checkResponseStatus           = 1 // CheckResponse.status
+	checkResponseOK               = 3 // CheckResponse.ok_response
+	okResponseHeadersToAdd        = 6 // OkHttpResponse.response_headers_to_add
+	headerValueOptionHeader       = 1 // HeaderValueOption.header
+	headerValueOptionAppendAction = 3 // HeaderValueOption.append_action
+	headerValueKey                = 1 // HeaderValue.key
+	headerValueValue              = 2 // HeaderValue.value
+	overwriteIfExistsOrAdd        = 2 // HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+)
+
+// appendOK appends the encoding of the OK response with hs to add to the
+// client's response, as proto.Marshal encodes response's.
+func appendOK(b []byte, hs []decide.Header) []byte {
+	b = protowire.AppendTag(b, checkResponseStatus, protowire.BytesType)
+	b = protowire.AppendVarint(b, 0) // status: code OK, the default, and nothing else
+	n := 0
+	for _, h := range hs {
+		n += headerOptionSize(h)
+	}
+	b = protowire.AppendTag(b, checkResponseOK, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(n))
+	for _, h := range hs {
+		b = protowire.AppendTag(b, okResponseHeadersToAdd, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(headerOptionLen(h)))
+		b = protowire.AppendTag(b, headerValueOptionHeader, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(headerLen(h)))
+		if len(h.Name) > 0 {
+			b = protowire.AppendTag(b, headerValueKey, protowire.BytesType)
+			b = protowire.AppendBytes(b, h.Name)
+		}
+		if len(h.Value) > 0 {
+			b = protowire.AppendTag(b, headerValueValue, protowire.BytesType)
+			b = protowire.AppendBytes(b, h.Value)
+		}
+		b = protowire.AppendTag(b, headerValueOptionAppendAction, protowire.VarintType)
+		b = protowire.AppendVarint(b, overwriteIfExistsOrAdd)
+	}
+	return b
+}
+
+// headerLen is the length of h's HeaderValue.
+func headerLen(h decide.Header) int {
+	n := 0
+	if len(h.Name) > 0 {
+		n += protowire.SizeTag(headerValueKey) + protowire.SizeBytes(len(h.Name))
+	}
+	if len(h.Value) > 0 {
+		n += protowire.SizeTag(headerValueValue) + protowire.SizeBytes(len(h.Value))
+	}
+	return n
+}
+
+// headerOptionLen is the length of h's HeaderValueOption.
+func headerOptionLen(h decide.Header) int {
+	return protowire.SizeTag(headerValueOptionHeader) + protowire.SizeBytes(headerLen(h)) +
+		protowire.SizeTag(headerValueOptionAppendAction) + protowire.SizeVarint(overwriteIfExistsOrAdd)
+}
+
+// headerOptionSize is the size of h's HeaderValueOption as a field of
+// OkHttpResponse: tag, length and message.
+func headerOptionSize(h decide.Header) int {
+	return protowire.SizeTag(okResponseHeadersToAdd) + protowire.SizeBytes(headerOptionLen(h))
 }

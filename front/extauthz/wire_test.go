@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -15,6 +16,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/authlimit/authlimit/decide"
 )
 
 // envoyRequest is a Check as Envoy sends it, with the attributes Check
@@ -176,5 +179,27 @@ func TestCheckWireFallback(t *testing.T) {
 	_, err = st.server.checkWire(context.Background(), append(slices.Clone(b), 0x0a, 0x05, 0x01), nil)
 	if got := status.Code(err); got != codes.Internal {
 		t.Errorf("a request that does not decode: %v, want INTERNAL", err)
+	}
+}
+
+// TestAppendOK: the OK response appendOK writes is, byte for byte, what
+// proto.Marshal makes of the response Check answers, for any number of
+// headers, empty values and names too.
+func TestAppendOK(t *testing.T) {
+	names := []string{"RateLimit-Policy", "X-RateLimit-Limit", "", "Retry-After"}
+	for n := range maxHeaders + 3 {
+		var hs []decide.Header
+		for i := range n {
+			hs = append(hs, decide.Header{Name: []byte(names[i%len(names)]), Value: []byte(strings.Repeat("v", i*40))})
+		}
+		out := &decide.Outcome{Verdict: decide.Allow, Status: 200, Headers: hs}
+		resp, _ := response(out, nil)
+		want, err := proto.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendOK([]byte("prefix"), hs); string(got) != "prefix"+string(want) {
+			t.Errorf("%d headers: appendOK = %x, proto.Marshal gives %x", n, got[len("prefix"):], want)
+		}
 	}
 }
