@@ -96,6 +96,7 @@ type Server struct {
 	proxies rules.Proxies
 	sleep   func(context.Context, time.Duration)
 	scratch sync.Pool // *scratch
+	shape   *shape    // CheckRequest's, for readRequest
 }
 
 // New validates opts and returns a Server.
@@ -106,7 +107,8 @@ func New(opts Options) (*Server, error) {
 	if opts.Sleep == nil {
 		opts.Sleep = sleep
 	}
-	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep}
+	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep,
+		shape: newShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
 }
@@ -173,7 +175,7 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 func (s *Server) checkWire(ctx context.Context, b, out []byte) ([]byte, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
-	if !readRequest(&sc.req, b) {
+	if !readRequest(&sc.req, b, s.shape) {
 		var m authv3.CheckRequest
 		if err := proto.Unmarshal(b, &m); err != nil {
 			return out, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)

@@ -4,7 +4,6 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
-	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -14,10 +13,10 @@ import (
 // readRequest reads the CheckRequest encoded in b into r as fromMessage
 // reads the decoded message, without decoding it: r's strings point into
 // b. It reports false, with r unspecified, when it cannot vouch that
-// proto.Unmarshal decodes b without an error (see wellFormed): the caller
-// then decodes it whole.
-func readRequest(r *request, b []byte) bool {
-	if !wellFormed(checkRequestDesc, b, 0) {
+// proto.Unmarshal decodes b without an error (see wellFormed; sh is
+// CheckRequest's shape): the caller then decodes it whole.
+func readRequest(r *request, b []byte, sh *shape) bool {
+	if !wellFormed(sh, b, 0) {
 		return false
 	}
 	r.reset()
@@ -179,38 +178,95 @@ func str(b []byte) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-var checkRequestDesc = (&authv3.CheckRequest{}).ProtoReflect().Descriptor()
-
 // maxDepth is how deep wellFormed follows messages in messages; a deeper
 // request is decoded whole.
 const maxDepth = 32
 
-// wellFormed reports whether b is a message of type md that proto.Unmarshal
-// decodes without an error, as far as it can tell: every field's tag and
-// value parse; a known field's value of the wire type of its kind is
-// valid (a proto3 string is UTF-8; a message is itself well formed); a
-// field of another wire type, or an unknown one, is kept unknown by
-// proto.Unmarshal and need only parse. What it does not follow (groups, a
-// packed list, a message with extensions, a file not proto3) it does not
-// vouch for.
-func wellFormed(md protoreflect.MessageDescriptor, b []byte, depth int) bool {
-	if depth > maxDepth || md.ExtensionRanges().Len() > 0 || md.ParentFile().Syntax() != protoreflect.Proto3 {
+// shape is what wellFormed needs of a message type, read once from its
+// descriptor: its fields by number.
+type shape struct {
+	// vouch is whether wellFormed can vouch for the type: proto3, without
+	// extensions.
+	vouch  bool
+	fields []fieldShape // by number, up to the largest below maxDense
+	sparse map[protowire.Number]fieldShape
+}
+
+// maxDense bounds a shape's fields slice; larger numbers are in sparse.
+const maxDense = 64
+
+// fieldShape is a field's: its wire type, whether it is a list, a string
+// or a message (and which).
+type fieldShape struct {
+	known bool
+	wire  protowire.Type
+	list  bool
+	str   bool
+	msg   *shape
+}
+
+// newShape reads md's shape and those of the messages it holds.
+func newShape(md protoreflect.MessageDescriptor) *shape {
+	return buildShape(md, map[protoreflect.FullName]*shape{})
+}
+
+func buildShape(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]*shape) *shape {
+	if sh, ok := seen[md.FullName()]; ok {
+		return sh
+	}
+	sh := &shape{vouch: md.ExtensionRanges().Len() == 0 && md.ParentFile().Syntax() == protoreflect.Proto3}
+	seen[md.FullName()] = sh
+	fs := md.Fields()
+	for i := range fs.Len() {
+		fd := fs.Get(i)
+		f := fieldShape{known: true, wire: wireType(fd.Kind()), list: fd.IsList(), str: fd.Kind() == protoreflect.StringKind}
+		if fd.Kind() == protoreflect.MessageKind {
+			f.msg = buildShape(fd.Message(), seen)
+		}
+		if n := fd.Number(); n < maxDense {
+			for len(sh.fields) <= int(n) {
+				sh.fields = append(sh.fields, fieldShape{})
+			}
+			sh.fields[n] = f
+		} else {
+			if sh.sparse == nil {
+				sh.sparse = map[protowire.Number]fieldShape{}
+			}
+			sh.sparse[n] = f
+		}
+	}
+	return sh
+}
+
+func (sh *shape) field(n protowire.Number) fieldShape {
+	if int(n) < len(sh.fields) {
+		return sh.fields[n]
+	}
+	return sh.sparse[n]
+}
+
+// wellFormed reports whether b is a message of shape sh that
+// proto.Unmarshal decodes without an error, as far as it can tell: every
+// field's tag and value parse; a known field's value of the wire type of
+// its kind is valid (a proto3 string is UTF-8; a message is itself well
+// formed); a field of another wire type, or an unknown one, is kept
+// unknown by proto.Unmarshal and need only parse. What it does not follow
+// (groups, a packed list, a message with extensions, a file not proto3,
+// messages nested deeper than maxDepth) it does not vouch for.
+func wellFormed(sh *shape, b []byte, depth int) bool {
+	if depth > maxDepth || !sh.vouch {
 		return false
 	}
-	fields := md.Fields()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return false
+		if n < 0 || num > protowire.MaxValidNumber || typ == protowire.StartGroupType {
+			return false // a number ConsumeTag takes but proto.Unmarshal refuses; a group
 		}
 		b = b[n:]
-		fd := fields.ByNumber(num)
-		if fd == nil || typ != wireType(fd.Kind()) {
-			if fd != nil && typ == protowire.BytesType && fd.IsList() && wireType(fd.Kind()) != protowire.BytesType {
+		f := sh.field(num)
+		if !f.known || typ != f.wire {
+			if f.known && f.list && typ == protowire.BytesType {
 				return false // a packed list
-			}
-			if typ == protowire.StartGroupType {
-				return false
 			}
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
@@ -219,29 +275,21 @@ func wellFormed(md protoreflect.MessageDescriptor, b []byte, depth int) bool {
 			b = b[n:]
 			continue
 		}
-		switch typ {
-		case protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return false
-			}
-			b = b[n:]
-			switch fd.Kind() {
-			case protoreflect.StringKind:
-				if !utf8.Valid(v) {
-					return false
-				}
-			case protoreflect.MessageKind:
-				if !wellFormed(fd.Message(), v, depth+1) {
-					return false
-				}
-			}
-		default:
+		if typ != protowire.BytesType {
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
 				return false
 			}
 			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		if f.str && !utf8.Valid(v) || f.msg != nil && !wellFormed(f.msg, v, depth+1) {
+			return false
 		}
 	}
 	return true

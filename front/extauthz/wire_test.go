@@ -44,7 +44,7 @@ func TestReadRequestVouches(t *testing.T) {
 			t.Fatal(err)
 		}
 		var r request
-		if !readRequest(&r, b) {
+		if !readRequest(&r, b, newShape(checkRequestDesc)) {
 			t.Fatalf("raw %v: readRequest does not vouch for Envoy's request", raw)
 		}
 		if d := differs(b); d != "" {
@@ -86,6 +86,8 @@ func FuzzReadRequest(f *testing.F) {
 	f.Add(protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "\x22\x06\x12\x04\x12\x02\xc3\x28")) // a method not UTF-8
 	f.Add(append(slices.Clone(e0), 0x08, 0x01))                                                                         // attributes as a varint: unknown
 	f.Add(append(slices.Clone(e0), 0x98, 0x3e, 0x01))                                                                   // an unknown field
+	f.Add([]byte{0x91, 0x91, 0x8e, 0xa6, 0x30, 0, 0, 0, 0, 0, 0, 0, 0})                                                 // a field number above the largest
+	f.Add(append(slices.Clone(e0), 0xf8, 0xa8, 0x09, 0x01))                                                             // 19007: reserved, but unknown
 	f.Add([]byte{0x0b, 0x0c})                                                                                           // a group
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if d := differs(b); d != "" {
@@ -94,11 +96,16 @@ func FuzzReadRequest(f *testing.F) {
 	})
 }
 
+var checkRequestDesc = (&authv3.CheckRequest{}).ProtoReflect().Descriptor()
+
+// checkShape is CheckRequest's shape, for differs.
+var checkShape = newShape(checkRequestDesc)
+
 // differs says how readRequest's reading of b differs from fromMessage's
 // of proto.Unmarshal's decoding, "" when it does not or does not vouch.
 func differs(b []byte) string {
 	var fast request
-	if !readRequest(&fast, b) {
+	if !readRequest(&fast, b, checkShape) {
 		return ""
 	}
 	var m authv3.CheckRequest
@@ -160,7 +167,7 @@ func TestCheckWireFallback(t *testing.T) {
 	// follow it.
 	grouped := protowire.AppendTag(protowire.AppendTag(slices.Clone(b), 99, protowire.StartGroupType), 99, protowire.EndGroupType)
 	var r request
-	if readRequest(&r, grouped) {
+	if readRequest(&r, grouped, st.server.shape) {
 		t.Fatal("readRequest vouches for a request with a group")
 	}
 	for i, want := range []codes.Code{codes.OK, codes.ResourceExhausted} {
