@@ -47,6 +47,12 @@
 // must not count as the store failing. Envoy's ext_authz timeout should
 // exceed that budget. A shaped request is held until its delay passes or
 // the call ends.
+//
+// Served on front/grpcwire, Check reads those fields from the request's
+// bytes, without decoding the rest (see readRequest), whenever it can tell
+// that proto.Unmarshal would decode them without an error; any other
+// request is decoded whole: a request's meaning is proto.Unmarshal's
+// either way.
 package extauthz
 
 import (
@@ -57,6 +63,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -64,6 +71,7 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/front/grpcwire"
@@ -88,6 +96,7 @@ type Server struct {
 	proxies rules.Proxies
 	sleep   func(context.Context, time.Duration)
 	scratch sync.Pool // *scratch
+	shape   *shape    // CheckRequest's, for readRequest
 }
 
 // New validates opts and returns a Server.
@@ -98,7 +107,8 @@ func New(opts Options) (*Server, error) {
 	if opts.Sleep == nil {
 		opts.Sleep = sleep
 	}
-	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep}
+	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep,
+		shape: newShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
 }
@@ -106,35 +116,120 @@ func New(opts Options) (*Server, error) {
 // CheckMethod is the full path of the method Server answers.
 const CheckMethod = "/envoy.service.auth.v3.Authorization/Check"
 
-// Register serves the server's Check on g.
-func (s *Server) Register(g *grpcwire.Server) error { return grpcwire.Unary(g, CheckMethod, s.Check) }
+// Register serves the server's Check on g, reading each request's bytes
+// as they came (see readRequest).
+func (s *Server) Register(g *grpcwire.Server) error {
+	return grpcwire.UnaryRaw(g, CheckMethod, s.checkWire)
+}
 
 type scratch struct {
+	req  request
 	in   decide.Input
 	out  decide.Outcome
-	hdrs headers
 	xff  [][]byte
 	size []byte // attributes.request.http.size, in decimal
+	// values is where a response's header values are built.
+	values []byte
+}
+
+// request is what Check reads of a CheckRequest: see the package's
+// documentation.
+type request struct {
+	http               bool   // attributes.request.http is present
+	socket             bool   // attributes.source.address is a socket_address
+	source             string // its address
+	method, path, host string
+	size               int64
+	hdrs               headers // joinedList's or rawList's
+	// joinedList and rawList are attributes.request.http's headers and
+	// header_map, with their capacity kept for the next request.
+	joinedList, rawList []field
+}
+
+// reset empties r, keeping its lists' capacity.
+func (r *request) reset() {
+	j, raw := r.joinedList, r.rawList
+	clear(j)
+	clear(raw)
+	*r = request{joinedList: j[:0], rawList: raw[:0]}
+	r.hdrs.joined = true
 }
 
 // Check decides one request.
 func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
-	h := req.GetAttributes().GetRequest().GetHttp()
-	if h == nil {
-		return nil, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http")
-	}
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
-	sc.hdrs = headers{joined: h.GetHeaders()}
-	if m := h.GetHeaderMap(); m != nil {
-		sc.hdrs = headers{raw: m.GetHeaders()}
+	fromMessage(&sc.req, req)
+	out, err := s.check(ctx, sc)
+	if err != nil {
+		return nil, err
 	}
-	sc.hdrs.length, sc.hdrs.lengths, sc.size = bodyLength(&sc.hdrs, h.GetSize(), sc.size[:0])
-	sc.xff = sc.hdrs.all(sc.xff[:0], "x-forwarded-for")
-	realIP, _ := sc.hdrs.Lookup("x-real-ip")
-	src := peer(req.GetAttributes().GetSource().GetAddress())
+	var resp *authv3.CheckResponse
+	resp, sc.values = response(out, sc.values[:0])
+	return resp, nil
+}
+
+// checkWire decides the request encoded in b and appends its encoded
+// response to out. A request readRequest cannot vouch for is decoded
+// whole, as Check's caller decodes it.
+func (s *Server) checkWire(ctx context.Context, b, out []byte) ([]byte, error) {
+	sc := s.scratch.Get().(*scratch)
+	defer s.release(sc)
+	if !readRequest(&sc.req, b, s.shape) {
+		var m authv3.CheckRequest
+		if err := proto.Unmarshal(b, &m); err != nil {
+			return out, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+		}
+		fromMessage(&sc.req, &m)
+	}
+	o, err := s.check(ctx, sc)
+	if err != nil {
+		return out, err
+	}
+	if o.Verdict.Admitted() {
+		return appendOK(out, o.Headers), nil
+	}
+	var resp *authv3.CheckResponse
+	resp, sc.values = response(o, sc.values[:0])
+	out, err = proto.MarshalOptions{}.MarshalAppend(out, resp)
+	if err != nil {
+		return out, status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
+	}
+	return out, nil
+}
+
+// fromMessage reads m into r.
+func fromMessage(r *request, m *authv3.CheckRequest) {
+	h := m.GetAttributes().GetRequest().GetHttp()
+	sa := m.GetAttributes().GetSource().GetAddress().GetSocketAddress()
+	r.reset()
+	r.http, r.socket, r.source = h != nil, sa != nil, sa.GetAddress()
+	r.method, r.path, r.host, r.size = h.GetMethod(), h.GetPath(), h.GetHost(), h.GetSize()
+	for k, v := range h.GetHeaders() {
+		r.joinedList = append(r.joinedList, field{key: k, value: v})
+	}
+	r.hdrs.list = r.joinedList
+	if hm := h.GetHeaderMap(); hm != nil {
+		for _, x := range hm.GetHeaders() {
+			r.rawList = append(r.rawList, field{key: x.GetKey(), value: x.GetValue(), raw: x.GetRawValue()})
+		}
+		r.hdrs.joined, r.hdrs.list = false, r.rawList
+	}
+}
+
+// check decides sc.req.
+func (s *Server) check(ctx context.Context, sc *scratch) (*decide.Outcome, error) {
+	r := &sc.req
+	if !r.http {
+		return nil, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http")
+	}
+	r.hdrs.lower = r.hdrs.joined && lowerKeys(r.hdrs.list)
+	r.hdrs.length, r.hdrs.lengths, sc.size = bodyLength(&r.hdrs, r.size, sc.size[:0])
+	sc.xff = r.hdrs.all(sc.xff[:0], "x-forwarded-for")
+	realIP, _ := r.hdrs.Lookup("x-real-ip")
+	src := peer(r.socket, r.source)
 	ip := s.proxies.ClientIP(sc.xff, realIP, src)
-	s.engine.Read(&sc.in, ip, []byte(h.GetMethod()), []byte(h.GetPath()), []byte(h.GetHost()), &sc.hdrs)
+	s.engine.Read(&sc.in, ip, view(r.method), view(r.path), view(r.host), &r.hdrs)
 	// Only a trusted proxy's tier header is believed, as for /auth.
 	sc.in.TrustedPeer = s.proxies.Trusts(src.Unmap())
 
@@ -148,39 +243,110 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	if out.Delay > 0 {
 		s.sleep(ctx, out.Delay)
 	}
-	return response(out), nil
+	return out, nil
 }
 
 // release pools sc without the request's headers, which it would
 // otherwise keep alive until its next use.
 func (s *Server) release(sc *scratch) {
-	sc.hdrs = headers{}
+	sc.req.reset()
 	clear(sc.xff)
 	sc.in.Request.Header = nil
 	s.scratch.Put(sc)
 }
 
-// response writes the outcome as a CheckResponse.
-func response(out *decide.Outcome) *authv3.CheckResponse {
-	hs := make([]*corev3.HeaderValueOption, 0, len(out.Headers)+1)
-	for _, x := range out.Headers {
-		hs = append(hs, header(string(x.Name), string(x.Value)))
-	}
+// response writes the outcome as a CheckResponse. An admitted request's
+// response, its messages and its headers are one allocation and its
+// headers' values one string (built by appending to buf, returned for
+// reuse); a denial's messages are allocated each.
+func response(out *decide.Outcome, buf []byte) (*authv3.CheckResponse, []byte) {
+	rp := &reply{}
+	hs, buf := rp.headers(out.Headers, buf)
 	if out.Verdict.Admitted() {
-		return &authv3.CheckResponse{
-			Status:       &rpcstatus.Status{Code: int32(codes.OK)},
-			HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{ResponseHeadersToAdd: hs}},
-		}
+		rp.ok.OkResponse = &rp.okResp
+		rp.okResp.ResponseHeadersToAdd = hs
+		rp.resp.Status = &rp.status
+		rp.resp.HttpResponse = &rp.ok
+		return &rp.resp, buf
 	}
-	hs = append(hs, header("Content-Type", "application/problem+json"))
-	return &authv3.CheckResponse{
-		Status: &rpcstatus.Status{Code: int32(code(out.Verdict)), Message: out.Kind},
-		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
-			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(out.Status)},
-			Headers: hs,
-			Body:    string(out.Body),
-		}},
+	ct := &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: "Content-Type", Value: "application/problem+json"},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 	}
+	rp.status.Code, rp.status.Message = int32(code(out.Verdict)), out.Kind
+	rp.resp.Status = &rp.status
+	rp.resp.HttpResponse = &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(out.Status)},
+		Headers: append(hs, ct),
+		Body:    string(out.Body),
+	}}
+	return &rp.resp, buf
+}
+
+// reply is a CheckResponse with the messages an OK answer points to,
+// allocated as one. Its messages are never copied once in use.
+type reply struct {
+	resp    authv3.CheckResponse
+	status  rpcstatus.Status
+	ok      authv3.CheckResponse_OkResponse
+	okResp  authv3.OkHttpResponse
+	optPtrs [maxHeaders + 1]*corev3.HeaderValueOption // one more for a denial's Content-Type
+	opts    [maxHeaders]corev3.HeaderValueOption
+	values  [maxHeaders]corev3.HeaderValue
+}
+
+// maxHeaders is the most headers the engine answers with: see
+// decide.Outcome.Headers.
+const maxHeaders = 6
+
+// headers returns hs as header options, each overwriting a header of the
+// same name. The values become one string, built by appending to buf
+// (returned for reuse); the names the engine writes are constants. More
+// headers than a reply holds are allocated apart.
+func (rp *reply) headers(hs []decide.Header, buf []byte) ([]*corev3.HeaderValueOption, []byte) {
+	ptrs, opts, vals := rp.optPtrs[:0], rp.opts[:0], rp.values[:0]
+	if len(hs) > maxHeaders {
+		ptrs = make([]*corev3.HeaderValueOption, 0, len(hs)+1)
+		opts, vals = make([]corev3.HeaderValueOption, 0, len(hs)), make([]corev3.HeaderValue, 0, len(hs))
+	}
+	if len(hs) == 0 {
+		return ptrs, buf
+	}
+	from := len(buf)
+	for _, h := range hs {
+		buf = append(buf, h.Value...)
+	}
+	all := string(buf[from:])
+	for _, h := range hs {
+		vals = append(vals, corev3.HeaderValue{})
+		v := &vals[len(vals)-1]
+		v.Key, v.Value, all = headerName(h.Name), all[:len(h.Value)], all[len(h.Value):]
+		opts = append(opts, corev3.HeaderValueOption{})
+		o := &opts[len(opts)-1]
+		o.Header, o.AppendAction = v, corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		ptrs = append(ptrs, o)
+	}
+	return ptrs, buf
+}
+
+// headerName is a header name as a string: the engine's names without an
+// allocation.
+func headerName(b []byte) string {
+	switch string(b) {
+	case "RateLimit-Policy":
+		return "RateLimit-Policy"
+	case "RateLimit":
+		return "RateLimit"
+	case "X-RateLimit-Limit":
+		return "X-RateLimit-Limit"
+	case "X-RateLimit-Remaining":
+		return "X-RateLimit-Remaining"
+	case "X-RateLimit-Reset":
+		return "X-RateLimit-Reset"
+	case "Retry-After":
+		return "Retry-After"
+	}
+	return string(b)
 }
 
 // code is the gRPC status of a CheckResponse that is not OK. Envoy answers
@@ -200,19 +366,12 @@ func code(v decide.Verdict) codes.Code {
 	return codes.PermissionDenied
 }
 
-func header(k, v string) *corev3.HeaderValueOption {
-	return &corev3.HeaderValueOption{
-		Header:       &corev3.HeaderValue{Key: k, Value: v},
-		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-	}
-}
-
 // peer returns the source's IP address; a source that is not an IP socket
 // address (a pipe, an internal address, none) is local, as /auth takes a
 // Unix-socket peer.
-func peer(a *corev3.Address) netip.Addr {
-	if sa := a.GetSocketAddress(); sa != nil {
-		if ip, ok := rules.ParseIP([]byte(sa.GetAddress())); ok {
+func peer(socket bool, address string) netip.Addr {
+	if socket {
+		if ip, ok := rules.ParseIP(view(address)); ok {
 			return ip
 		}
 	}
@@ -242,12 +401,23 @@ var lengthHeaders = []string{"Content-Length", "X-Original-Content-Length"}
 // headers gives rules a CheckRequest's headers: raw, one entry per header
 // line, or joined, one value per name with repeats joined by ",".
 type headers struct {
-	raw    []*corev3.HeaderValue
-	joined map[string]string
+	list   []field
+	joined bool
+	// lower is whether every joined name is ASCII without an upper-case
+	// letter, as Envoy sends them: then an ASCII name can only match a key
+	// of its length.
+	lower bool
 	// length is the request's body length, lengths how many (see
 	// bodyLength): what a body-length header reads.
 	length  []byte
 	lengths int
+}
+
+// field is a header: a joined one's name and value, or a raw one's name,
+// value and raw value.
+type field struct {
+	key, value string
+	raw        []byte
 }
 
 // Lookup implements rules.Headers. In joined headers, a value with a comma
@@ -288,30 +458,29 @@ func foldHeaderByte(c byte) byte {
 
 // lookup looks name up in the headers as Envoy sent them.
 func (h *headers) lookup(name string) ([]byte, int) {
-	if h.joined != nil {
-		v, ok := h.joined[name]
-		if !ok {
-			for k, kv := range h.joined {
-				if strings.EqualFold(k, name) {
-					v, ok = kv, true
-					break
+	fast := h.lower && ascii(name)
+	if h.joined {
+		if !fast {
+			// Several names may fold alike: the one spelled as asked wins.
+			for _, f := range h.list {
+				if f.key == name {
+					return joinedValue(f.value)
 				}
 			}
 		}
-		switch {
-		case !ok:
-			return nil, 0
-		case strings.IndexByte(v, ',') >= 0:
-			return nil, 2
+		for _, f := range h.list {
+			if (!fast || len(f.key) == len(name)) && strings.EqualFold(f.key, name) {
+				return joinedValue(f.value)
+			}
 		}
-		return []byte(v), 1
+		return nil, 0
 	}
 	var val []byte
 	n := 0
-	for _, x := range h.raw {
-		if strings.EqualFold(x.GetKey(), name) {
+	for i := range h.list {
+		if strings.EqualFold(h.list[i].key, name) {
 			if n++; n == 1 {
-				val = rawValue(x)
+				val = rawValue(&h.list[i])
 			}
 		}
 	}
@@ -321,30 +490,68 @@ func (h *headers) lookup(name string) ([]byte, int) {
 	return val, 1
 }
 
+// joinedValue is a joined header's value: one with a comma may be several
+// lines joined, and counts as two.
+func joinedValue(v string) ([]byte, int) {
+	if strings.IndexByte(v, ',') >= 0 {
+		return nil, 2
+	}
+	return view(v), 1
+}
+
 // all appends every value of the named header, for X-Forwarded-For, whose
 // joined values are one list anyway.
 func (h *headers) all(dst [][]byte, name string) [][]byte {
-	if h.joined != nil {
-		for k, v := range h.joined {
-			if strings.EqualFold(k, name) {
-				dst = append(dst, []byte(v))
-			}
-		}
-		return dst
-	}
-	for _, x := range h.raw {
-		if strings.EqualFold(x.GetKey(), name) {
-			dst = append(dst, rawValue(x))
+	fast := h.lower && ascii(name)
+	for i := range h.list {
+		f := &h.list[i]
+		if (!fast || len(f.key) == len(name)) && strings.EqualFold(f.key, name) {
+			dst = append(dst, rawValue(f))
 		}
 	}
 	return dst
 }
 
-func rawValue(x *corev3.HeaderValue) []byte {
-	if len(x.GetRawValue()) > 0 {
-		return x.GetRawValue()
+// ascii reports whether s is all ASCII: then, against another ASCII
+// string, strings.EqualFold can only find one of its own length.
+func ascii(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
 	}
-	return []byte(x.GetValue())
+	return true
+}
+
+// lowerKeys reports whether every name in l is ASCII without an
+// upper-case letter.
+func lowerKeys(l []field) bool {
+	for i := range l {
+		k := l[i].key
+		for j := 0; j < len(k); j++ {
+			if c := k[j]; c >= 0x80 || 'A' <= c && c <= 'Z' {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// view is s as bytes, without a copy: for reading only, as rules reads a
+// request (it copies what it keeps).
+func view(s string) []byte {
+	if s == "" {
+		return []byte{} // empty, as []byte(s), not nil
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
+
+// rawValue is a header's value: a raw header's raw value when it has one.
+func rawValue(f *field) []byte {
+	if len(f.raw) > 0 {
+		return f.raw
+	}
+	return view(f.value)
 }
 
 // sleep holds for d or until ctx ends.

@@ -241,6 +241,14 @@ func Unary[Req any, PReq interface {
 	}})
 }
 
+// UnaryRaw registers h as the unary method at path, given the request
+// message's bytes as they came: h appends its encoded response to out and
+// returns it, or returns the call's status as Unary's h does. The request's
+// bytes are the connection's: h must not keep them once it returns.
+func UnaryRaw(s *Server, path string, h func(ctx context.Context, req, out []byte) ([]byte, error)) error {
+	return s.register(path, &method{unary: h})
+}
+
 // serverStream registers h as a server-streaming method at path: it sends
 // its messages with send, and its error is the call's status.
 func serverStream[Req any, PReq interface {
