@@ -217,11 +217,11 @@ func parseRule(n int, src string) (*Rule, error) {
 		warnings = append(warnings, ruleError(n, name, fmt.Errorf("%s %q: %w", field, fields[field], err)).Error())
 	}
 	for _, p := range r.Key {
-		if p.Kind == PartHeader && sameHeader([]byte(p.Header), "Host") {
+		if p.Kind == PartHeader && SameHeader([]byte(p.Header), "Host") {
 			warn("key", errors.New("behind nginx auth_request the subrequest's Host header is authlimit's upstream name, the same for every request, so all clients would share one counter: use key=host, which reads the original host (X-Forwarded-Host, or the URL header)"))
 		}
 	}
-	if r.CostHeader != "" && sameHeader([]byte(r.CostHeader), "Content-Length") {
+	if r.CostHeader != "" && SameHeader([]byte(r.CostHeader), "Content-Length") {
 		warn("cost", errors.New("nginx clears Content-Length on the auth subrequest, which has no body, so every request would cost cost_missing: use cost=header:X-Original-Content-Length, which nginx/example.conf, nginx/openresty.conf and caddy/Caddyfile set to the body's length"))
 	}
 	if len(errs) == 0 {

@@ -49,7 +49,7 @@ func CountHeader(raw []byte, name string) int {
 		} else {
 			raw = nil
 		}
-		if len(line) > len(name) && line[len(name)] == ':' && sameHeader(line[:len(name)], name) {
+		if len(line) > len(name) && line[len(name)] == ':' && SameHeader(line[:len(name)], name) {
 			n++
 		}
 	}
@@ -81,19 +81,19 @@ func LookupHeader(raw []byte, name string, parsed [][]byte) ([]byte, int) {
 		} else {
 			raw = nil
 		}
-		if len(line) > len(name) && line[len(name)] == ':' && sameHeader(line[:len(name)], name) {
+		if len(line) > len(name) && line[len(name)] == ':' && SameHeader(line[:len(name)], name) {
 			return bytes.Trim(line[len(name)+1:], " \t\r"), 1
 		}
 	}
 	return nil, 1
 }
 
-// sameHeader reports whether b and s name one header: equal in ASCII
+// SameHeader reports whether b and s name one header: equal in ASCII
 // without regard to case, '-' and '_' alike. CGI-style backends (WSGI,
 // PHP-FPM, Rack) read X-Api-Key and X_Api_Key as one variable,
 // HTTP_X_API_KEY, and proxies that do not drop names with '_' (Caddy,
 // Traefik) forward both.
-func sameHeader(b []byte, s string) bool {
+func SameHeader(b []byte, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}

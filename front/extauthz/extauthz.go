@@ -425,35 +425,11 @@ type field struct {
 // (lengthHeaders) reads the request's body length.
 func (h *headers) Lookup(name string) ([]byte, int) {
 	for _, l := range lengthHeaders {
-		if sameHeader(name, l) {
+		if rules.SameHeader(view(name), l) {
 			return h.length, h.lengths
 		}
 	}
 	return h.lookup(name)
-}
-
-// sameHeader reports whether a and b name one header, as rules compares
-// names: ASCII case and '-' and '_' alike.
-func sameHeader(a, b string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := 0; i < len(a); i++ {
-		if foldHeaderByte(a[i]) != foldHeaderByte(b[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func foldHeaderByte(c byte) byte {
-	switch {
-	case 'A' <= c && c <= 'Z':
-		return c + 'a' - 'A'
-	case c == '_':
-		return '-'
-	}
-	return c
 }
 
 // lookup looks name up in the headers as Envoy sent them.
