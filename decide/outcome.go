@@ -141,6 +141,27 @@ var (
 	retryAfter          = []byte("Retry-After")
 )
 
+// HeaderName is the name of one of an outcome's Headers as a string,
+// without an allocation for the names the engine writes: for fronts whose
+// answers carry names as strings (Envoy's gRPC messages).
+func HeaderName(b []byte) string {
+	switch string(b) {
+	case "RateLimit-Policy":
+		return "RateLimit-Policy"
+	case "RateLimit":
+		return "RateLimit"
+	case "X-RateLimit-Limit":
+		return "X-RateLimit-Limit"
+	case "X-RateLimit-Remaining":
+		return "X-RateLimit-Remaining"
+	case "X-RateLimit-Reset":
+		return "X-RateLimit-Reset"
+	case "Retry-After":
+		return "Retry-After"
+	}
+	return string(b)
+}
+
 func (o *Outcome) reset() {
 	o.Verdict, o.Status, o.Kind, o.Detail = Allow, http.StatusOK, "", ""
 	o.Results, o.Most, o.RetryAfter, o.Delay = o.Results[:0], -1, 0, 0

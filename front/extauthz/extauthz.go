@@ -320,33 +320,13 @@ func (rp *reply) headers(hs []decide.Header, buf []byte) ([]*corev3.HeaderValueO
 	for _, h := range hs {
 		vals = append(vals, corev3.HeaderValue{})
 		v := &vals[len(vals)-1]
-		v.Key, v.Value, all = headerName(h.Name), all[:len(h.Value)], all[len(h.Value):]
+		v.Key, v.Value, all = decide.HeaderName(h.Name), all[:len(h.Value)], all[len(h.Value):]
 		opts = append(opts, corev3.HeaderValueOption{})
 		o := &opts[len(opts)-1]
 		o.Header, o.AppendAction = v, corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
 		ptrs = append(ptrs, o)
 	}
 	return ptrs, buf
-}
-
-// headerName is a header name as a string: the engine's names without an
-// allocation.
-func headerName(b []byte) string {
-	switch string(b) {
-	case "RateLimit-Policy":
-		return "RateLimit-Policy"
-	case "RateLimit":
-		return "RateLimit"
-	case "X-RateLimit-Limit":
-		return "X-RateLimit-Limit"
-	case "X-RateLimit-Remaining":
-		return "X-RateLimit-Remaining"
-	case "X-RateLimit-Reset":
-		return "X-RateLimit-Reset"
-	case "Retry-After":
-		return "Retry-After"
-	}
-	return string(b)
 }
 
 // code is the gRPC status of a CheckResponse that is not OK. Envoy answers

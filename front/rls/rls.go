@@ -474,31 +474,11 @@ func (rp *reply) setHeaders(hs []decide.Header, buf []byte) []byte {
 	for _, h := range hs {
 		vals = append(vals, core.HeaderValue{})
 		v := &vals[len(vals)-1]
-		v.Key, v.Value, all = headerName(h.Name), all[:len(h.Value)], all[len(h.Value):]
+		v.Key, v.Value, all = decide.HeaderName(h.Name), all[:len(h.Value)], all[len(h.Value):]
 		ptrs = append(ptrs, v)
 	}
 	rp.resp.ResponseHeadersToAdd = ptrs
 	return buf
-}
-
-// headerName is a header name as a string: the engine's names without an
-// allocation.
-func headerName(b []byte) string {
-	switch string(b) {
-	case "RateLimit-Policy":
-		return "RateLimit-Policy"
-	case "RateLimit":
-		return "RateLimit"
-	case "X-RateLimit-Limit":
-		return "X-RateLimit-Limit"
-	case "X-RateLimit-Remaining":
-		return "X-RateLimit-Remaining"
-	case "X-RateLimit-Reset":
-		return "X-RateLimit-Reset"
-	case "Retry-After":
-		return "Retry-After"
-	}
-	return string(b)
 }
 
 // rank orders the limits of one descriptor for its status, lowest first:
