@@ -260,3 +260,57 @@ func TestConnectionFloodNeverEndsTheProcess(t *testing.T) {
 func isReset(err error) bool {
 	return err != nil && (bytes.Contains([]byte(err.Error()), []byte("connection reset")))
 }
+
+// TestConnectionCapSharedWithGRPC: AUTHLIMIT_MAX_CONNS caps the decision
+// listener and the gRPC listener together, so that a flood on one port
+// cannot take the file descriptors set aside for connections twice over.
+// Connections refused on either are counted; once the gRPC flood ends,
+// the decision listener takes new connections again.
+func TestConnectionCapSharedWithGRPC(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpcAddr := ln.Addr().String()
+	_ = ln.Close()
+	const capped = 20
+	c := startLimited(t, "1024:1024", fmt.Sprintf("AUTHLIMIT_MAX_CONNS=%d", capped), "AUTHLIMIT_GRPC_LISTEN="+grpcAddr)
+	p := c.dialProxy(t) // one place taken
+	if status, _ := p.get(t, "/healthz"); status != 200 {
+		t.Fatalf("/healthz: %d", status)
+	}
+	// The gRPC listener listens before the decision listener serves.
+	const n = capped + 5
+	conns := flood(t, grpcAddr, n)
+	waitFor(t, "gRPC connections beyond the shared cap refused and counted", func() bool {
+		return p.metric(t, "authlimit_connections_rejected_total") >= float64(n-(capped-1))
+	})
+	// Every place is taken now: a new connection to the decision
+	// listener is closed at once.
+	nc, err := net.DialTimeout("tcp", c.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := nc.Read(make([]byte, 1)); err != io.EOF && !isReset(err) {
+		t.Errorf("a decision connection beyond the shared cap: read %v, want it closed at once", err)
+	}
+	_ = nc.Close()
+	checkServing(t, c, p)
+	for _, fc := range conns {
+		_ = fc.Close()
+	}
+	// The server sees the flood's connections close a moment later: until
+	// then a new connection may still be refused.
+	waitFor(t, "a decision connection served once the gRPC flood ended", func() bool {
+		nc, err := net.DialTimeout("tcp", c.addr, time.Second)
+		if err != nil {
+			return false
+		}
+		defer nc.Close()
+		_ = nc.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintf(nc, "GET /healthz HTTP/1.1\r\nHost: authlimit\r\n\r\n")
+		r, err := http.ReadResponse(bufio.NewReader(nc), nil)
+		return err == nil && r.StatusCode == 200
+	})
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
+	"github.com/authlimit/authlimit/internal/conncap"
 )
 
 // grpcSettings reads AUTHLIMIT_GRPC_LISTEN and AUTHLIMIT_RLS_CONFIG: the
@@ -112,7 +113,7 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
 	}
-	f := &grpcFront{server: newGRPCServer(s, a.log), health: grpcwire.NewHealth(), listener: l,
+	f := &grpcFront{server: newGRPCServer(a.connCap, a.log), health: grpcwire.NewHealth(), listener: l,
 		stopWatch: make(chan struct{}), watched: make(chan struct{})}
 	if err := a.registerServices(f.server, f.health, s); err != nil {
 		_ = l.Close()
@@ -125,12 +126,12 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	return nil
 }
 
-// newGRPCServer is authlimit's gRPC server: h2c, the connection cap of
-// the decision listener, and its timeouts (a Check held by a shaping rule
+// newGRPCServer is authlimit's gRPC server: h2c, the connection cap it
+// shares with the decision listener, and its timeouts (a Check held by a shaping rule
 // is answered within the write timeout).
-func newGRPCServer(s *settings, log *slog.Logger) *grpcwire.Server {
+func newGRPCServer(conns *conncap.Cap, log *slog.Logger) *grpcwire.Server {
 	return grpcwire.NewServer(grpcwire.Options{
-		MaxConns:     s.maxConns,
+		Conns:        conns,
 		IdleTimeout:  serverTimeouts.idle,
 		WriteTimeout: serverTimeouts.write,
 		Log:          log,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/internal/acceptwait"
+	"github.com/authlimit/authlimit/internal/conncap"
 )
 
 // listener is the server's listener. It keeps the connections it accepts,
@@ -20,9 +21,9 @@ import (
 // conn, and counts them. It never fails on an error a later accept may not
 // have (no file descriptor free, say): it waits and accepts again, as
 // net/http does, so that a client opening connections cannot end the
-// process. It keeps at most maxConns connections, closing any beyond at
-// once, so that file descriptors remain for the store and for the
-// connections it has.
+// process. Its connections count in the cap it shares with the gRPC
+// listener: beyond it a new connection is closed at once, so that file
+// descriptors remain for the store and for the connections it has.
 type listener struct {
 	net.Listener
 	listenerConfig
@@ -37,8 +38,8 @@ type listener struct {
 
 // listenerConfig is what a listener keeps.
 type listenerConfig struct {
-	maxHeader int // the largest header block: fasthttp refuses larger ones itself
-	maxConns  int // the most connections kept at once; 0: no cap
+	maxHeader int          // the largest header block: fasthttp refuses larger ones itself
+	conns     *conncap.Cap // the connections' cap, shared with the gRPC listener; nil: no cap
 	timeouts  timeouts
 	metrics   connMetrics
 	log       *slog.Logger
@@ -47,7 +48,7 @@ type listenerConfig struct {
 // connMetrics count what the decision listener does with connections.
 type connMetrics struct {
 	accepted     prometheus.Counter // accepted and served
-	rejected     prometheus.Counter // closed at once: maxConns were open
+	rejected     prometheus.Counter // closed at once: the cap was reached (counted by the cap, on either listener)
 	acceptErrors prometheus.Counter // failed accepts, each followed by a wait
 }
 
@@ -93,7 +94,7 @@ var serverTimeouts = timeouts{read: 10 * time.Second, write: 10*time.Second + al
 
 // Accept returns the next connection; once shutdown began, it closes new
 // ones at once (the listener itself closes a moment later), as it does
-// those beyond maxConns. After an error a later accept may not have, it
+// those beyond the cap. After an error a later accept may not have, it
 // waits, from 5 ms doubling up to 1 s, and accepts again; it returns any
 // other error.
 func (l *listener) Accept() (net.Conn, error) {
@@ -119,12 +120,8 @@ func (l *listener) Accept() (net.Conn, error) {
 			}
 		}
 		wait = 0
-		l.mu.Lock()
-		full := l.maxConns > 0 && len(l.conns) >= l.maxConns
-		l.mu.Unlock()
-		if full {
+		if !l.listenerConfig.conns.Take() {
 			_ = nc.Close()
-			l.metrics.rejected.Inc()
 			continue
 		}
 		l.metrics.accepted.Inc()
@@ -132,6 +129,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		// The first deadlines: no later than any this connection's
 		// requests will have (see conn.Read).
 		if nc.SetReadDeadline(c.readDeadline()) != nil || nc.SetWriteDeadline(c.writeDeadline()) != nil {
+			l.listenerConfig.conns.Give()
 			_ = nc.Close()
 			continue
 		}
@@ -144,6 +142,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		if !shutting {
 			return c, nil
 		}
+		l.listenerConfig.conns.Give()
 		_ = nc.Close()
 	}
 }
@@ -328,8 +327,12 @@ func (c *conn) extend(set func(time.Time) error, d time.Time, longest time.Durat
 
 func (c *conn) Close() error {
 	c.l.mu.Lock()
+	_, open := c.l.conns[c]
 	delete(c.l.conns, c)
 	c.l.mu.Unlock()
+	if open {
+		c.l.listenerConfig.conns.Give()
+	}
 	return c.Conn.Close()
 }
 

@@ -34,6 +34,7 @@ import (
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
+	"github.com/authlimit/authlimit/internal/conncap"
 	"github.com/authlimit/authlimit/rules"
 )
 
@@ -141,7 +142,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 func (a *app) listener(l net.Listener, s *settings) *listener {
 	return newListener(l, listenerConfig{
 		maxHeader: s.MaxHeaderBytes,
-		maxConns:  s.maxConns,
+		conns:     a.connCap,
 		timeouts:  serverTimeouts,
 		metrics:   a.conns,
 		log:       a.log,
@@ -162,6 +163,9 @@ type app struct {
 	// conns count what the decision listener does with connections (see
 	// newListener).
 	conns connMetrics
+	// connCap is AUTHLIMIT_MAX_CONNS over the decision listener and the
+	// gRPC listener together.
+	connCap *conncap.Cap
 	// stopping is closed when shutdown begins: it ends the holds of shaped
 	// requests (see hold).
 	stopping chan struct{}
@@ -262,7 +266,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "authlimit_connections_rejected_total",
-			Help: "Connections closed at once because AUTHLIMIT_MAX_CONNS connections were open.",
+			Help: "Connections closed at once because AUTHLIMIT_MAX_CONNS connections were open, on the decision and the gRPC listener together.",
 		}),
 		acceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "authlimit_accept_errors_total",
@@ -270,6 +274,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		}),
 	}
 	reg.MustRegister(a.conns.accepted, a.conns.rejected, a.conns.acceptErrors)
+	a.connCap = conncap.New(s.maxConns, a.conns.rejected.Inc)
 	var policies []*algo.Policy
 	for _, r := range s.rules {
 		policies = append(policies, r.Policies()...)

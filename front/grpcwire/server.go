@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/authlimit/authlimit/internal/acceptwait"
+	"github.com/authlimit/authlimit/internal/conncap"
 )
 
 // ErrServerStopped is Serve's error once Stop or GracefulStop was called.
@@ -57,8 +58,12 @@ type Options struct {
 	// larger than twice it ends the connection (ENHANCE_YOUR_CALM).
 	MaxHeaderListSize uint32
 	// MaxConns is the most connections kept at once; those beyond are
-	// closed at once. 0: no cap.
+	// closed at once. 0: no cap. Ignored when Conns is set.
 	MaxConns int
+	// Conns, if set, is the cap the server counts its connections in,
+	// shared with other listeners: a connection beyond it is closed at
+	// once (and reported by the cap).
+	Conns *conncap.Cap
 	// PrefaceTimeout bounds a new connection's wait for the client's
 	// preface and first SETTINGS.
 	PrefaceTimeout time.Duration
@@ -80,6 +85,9 @@ type Options struct {
 }
 
 func (o *Options) fill() {
+	if o.Conns == nil {
+		o.Conns = conncap.New(o.MaxConns, nil)
+	}
 	if o.MaxConcurrentStreams == 0 {
 		o.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
@@ -272,7 +280,8 @@ func (s *Server) Draining() <-chan struct{} { return s.draining }
 // GracefulStop, when it returns ErrServerStopped. After an accept error a
 // later accept may not have (no file descriptor free, say), it waits, from
 // 5 ms doubling up to 1 s, and accepts again; it returns any other error.
-// Beyond Options.MaxConns connections, a new one is closed at once.
+// Beyond Options.MaxConns connections (or Options.Conns's cap), a new
+// one is closed at once.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.stopped {
@@ -313,9 +322,14 @@ func (s *Server) Serve(l net.Listener) error {
 			continue
 		}
 		wait = 0
+		if !s.opts.Conns.Take() {
+			_ = nc.Close()
+			continue
+		}
 		s.mu.Lock()
-		if s.stopped || s.opts.MaxConns > 0 && len(s.conns) >= s.opts.MaxConns {
+		if s.stopped {
 			s.mu.Unlock()
+			s.opts.Conns.Give()
 			_ = nc.Close()
 			continue
 		}
@@ -332,6 +346,7 @@ func (s *Server) forget(c *conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
+	s.opts.Conns.Give()
 	s.connsDone.Done()
 }
 
