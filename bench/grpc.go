@@ -209,7 +209,7 @@ func startAuthlimitGRPC(ctx context.Context, e *runEnv, rpcFor func([]netip.Addr
 		p.stop()
 		return nil, err
 	}
-	return &instance{addr: grpcAddr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, metrics: []string{"http://" + addr + "/metrics"}}, nil
+	return &instance{addr: grpcAddr, procs: []*proc{p}, serverRoots: []int{p.pid()}, metrics: []string{"http://" + addr + "/metrics"}}, nil
 }
 
 // startEnvoyRatelimit starts envoyproxy/ratelimit on the run's Redis, as
@@ -256,7 +256,7 @@ func startEnvoyRatelimit(ctx context.Context, e *runEnv) (*instance, error) {
 		p.stop()
 		return nil, err
 	}
-	return &instance{addr: grpcAddr, procs: []*proc{p}, cpuRoots: []int{p.pid()}}, nil
+	return &instance{addr: grpcAddr, procs: []*proc{p}, serverRoots: []int{p.pid()}}, nil
 }
 
 // grpcNull answers every ShouldRateLimit with OK and every Check with an
@@ -324,5 +324,5 @@ func startGRPCNull(ctx context.Context, e *runEnv) (*instance, error) {
 		p.stop()
 		return nil, err
 	}
-	return &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}}, nil
+	return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}}, nil
 }

@@ -1,9 +1,10 @@
 // Command bench is authlimit's benchmark harness, run by `make bench`.
 //
-// It starts every system (a null HTTP server, a naive Redis limiter,
-// authlimit on its embedded store and on Redis, nginx alone, with
-// limit_req, with Lua talking to Redis and in front of authlimit, and
-// HAProxy alone and in front of authlimit; over gRPC, a null gRPC server,
+// It starts every system (a null HTTP server, a naive Redis limiter, a
+// server making one Redis PING per request, authlimit on its embedded store
+// and on Redis, nginx alone, with limit_req, with Lua talking to Redis and
+// in front of authlimit, the null server or the naive limiter, and HAProxy
+// alone and in front of authlimit; over gRPC, a null gRPC server,
 // envoyproxy/ratelimit and authlimit answering ShouldRateLimit, and
 // authlimit answering Check) as separate processes on loopback ports,
 // drives each with its own closed-loop HTTP/1.1 or gRPC load generator
@@ -13,8 +14,10 @@
 //
 //	bench [flags]                  run the benchmark (see -help)
 //	bench serve-null  -listen ADDR answer 200 with an empty body
-//	bench serve-naive -listen ADDR -redis ADDR -limit N -window D
+//	bench serve-naive -listen ADDR -redis ADDR -limit N -window D [-deny-status S]
 //	                               one EVALSHA (INCR, PEXPIRE) per request
+//	bench serve-redis-floor -listen ADDR -redis ADDR
+//	                               one PING round trip per request, answer 200
 //	bench serve-grpc-null -listen ADDR
 //	                               answer ShouldRateLimit OK and Check OK
 package main
@@ -48,6 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return serveNull(ctx, args[1:], stderr)
 		case "serve-naive":
 			return serveNaive(ctx, args[1:], stderr)
+		case "serve-redis-floor":
+			return serveRedisFloor(ctx, args[1:], stderr)
 		case "serve-grpc-null":
 			return serveGRPCNull(ctx, args[1:], stderr)
 		}

@@ -1,9 +1,9 @@
 package main
 
 // This file runs nginx, in the set-ups compared: alone, with limit_req,
-// with Lua talking to Redis, with the shipped auth_request config in front
-// of authlimit, and with the shipped OpenResty config and Lua module in
-// front of authlimit.
+// with Lua talking to Redis, with the shipped auth_request config and with
+// the shipped OpenResty config and Lua module, each in front of authlimit,
+// the null server or the naive server.
 
 import (
 	"context"
@@ -187,6 +187,23 @@ func startNginxAuthNull(ctx context.Context, e *runEnv) (*instance, error) {
 	return in, nil
 }
 
+// startNginxNaive is nginx-authlimit-redis with the naive server in
+// authlimit's place: the subrequest carries the client in X-Forwarded-For,
+// which the naive server keys by, and the naive server denies 403, as
+// auth_request passes no other denial on. What auth_request costs with the
+// simplest limiter behind it.
+func startNginxNaive(ctx context.Context, e *runEnv) (*instance, error) {
+	p, addr, err := startNaiveServer(ctx, e, 403)
+	if err != nil {
+		return nil, err
+	}
+	in, err := startNginxAuth(ctx, e, p, addr)
+	if err != nil {
+		return nil, fmt.Errorf("nginx-naive-redis: %w", err)
+	}
+	return in, nil
+}
+
 // startNginxAuth starts nginx with the shipped configuration in front of
 // the auth server auth, listening on authAddr. It stops auth if nginx does
 // not start.
@@ -243,6 +260,22 @@ func startOpenRestyAuthNull(ctx context.Context, e *runEnv) (*instance, error) {
 	in, err := startOpenResty(ctx, e, p, addr)
 	if err != nil {
 		return nil, fmt.Errorf("openresty-auth-null: %w", err)
+	}
+	return in, nil
+}
+
+// startOpenRestyNaive is openresty-authlimit-redis with the naive server
+// in authlimit's place: authlimit.lua sends the client in X-Forwarded-For,
+// which the naive server keys by, takes its 200 as an admission and relays
+// its 429.
+func startOpenRestyNaive(ctx context.Context, e *runEnv) (*instance, error) {
+	p, addr, err := startNaiveServer(ctx, e, 429)
+	if err != nil {
+		return nil, err
+	}
+	in, err := startOpenResty(ctx, e, p, addr)
+	if err != nil {
+		return nil, fmt.Errorf("openresty-naive-redis: %w", err)
 	}
 	return in, nil
 }
@@ -347,13 +380,14 @@ func firstError(errs ...error) error {
 }
 
 // proxyInstance waits until the proxy p answers on addr, and returns it as
-// an instance whose CPU counts p's and, when with is not nil, that of the
-// server behind it. A proxy that does not get ready is stopped.
+// an instance whose proxy CPU is p's and, when with is not nil, whose
+// server CPU is that of the server behind it. A proxy that does not get
+// ready is stopped.
 func proxyInstance(ctx context.Context, name, addr string, p, with *proc) (*instance, error) {
-	in := &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}
+	in := &instance{addr: addr, procs: []*proc{p}, proxyRoots: []int{p.pid()}, denyStatus: 429}
 	watch := []*proc{p}
 	if with != nil {
-		in.cpuRoots = append(in.cpuRoots, with.pid())
+		in.serverRoots = []int{with.pid()}
 		watch = append(watch, with)
 	}
 	if err := waitReady(ctx, name, readyTimeout, wantStatus("http://"+addr+"/", 0), watch...); err != nil {

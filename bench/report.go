@@ -33,7 +33,9 @@ type summary struct {
 	errors                      uint64 // summed over rounds
 	errorDetail                 []string
 	allowed, denied             float64
+	proxyUs                     float64 // per decision
 	serverUs, redisCPUUs, cmdUs float64 // per decision
+	hasProxy, hasServer         bool
 	hasRedis                    bool
 	authlimit                   bool
 	health                      authlimitHealth // summed over rounds
@@ -43,7 +45,7 @@ type summary struct {
 // summarize reduces one system's runs under one workload.
 func summarize(runs []*runResult) *summary {
 	s := &summary{runs: len(runs)}
-	var rate, p50, p99, p999, allowed, denied, server, rcpu, cmd []float64
+	var rate, p50, p99, p999, allowed, denied, proxy, server, rcpu, cmd []float64
 	for _, r := range runs {
 		l := r.load
 		d := float64(l.decisions())
@@ -53,6 +55,7 @@ func summarize(runs []*runResult) *summary {
 		p999 = append(p999, float64(l.hist.quantile(0.999)))
 		allowed = append(allowed, float64(l.allowed))
 		denied = append(denied, float64(l.denied))
+		proxy = append(proxy, perDecision(float64(r.proxyCPU.Microseconds()), d))
 		server = append(server, perDecision(float64(r.serverCPU.Microseconds()), d))
 		rcpu = append(rcpu, perDecision(float64(r.redisCPU.Microseconds()), d))
 		cmd = append(cmd, perDecision(float64(r.redisUsec), d))
@@ -61,7 +64,7 @@ func summarize(runs []*runResult) *summary {
 			s.errorDetail = append(s.errorDetail, detail)
 		}
 		s.reconnects += l.reconnects
-		s.hasRedis = r.hasRedis
+		s.hasProxy, s.hasServer, s.hasRedis = r.hasProxy, r.hasServer, r.hasRedis
 		if r.health != nil {
 			s.authlimit = true
 			s.health.add(r.health)
@@ -69,7 +72,7 @@ func summarize(runs []*runResult) *summary {
 	}
 	s.rate, s.allowed, s.denied = median(rate), median(allowed), median(denied)
 	s.p50, s.p99, s.p999 = time.Duration(median(p50)), time.Duration(median(p99)), time.Duration(median(p999))
-	s.serverUs, s.redisCPUUs, s.cmdUs = median(server), median(rcpu), median(cmd)
+	s.proxyUs, s.serverUs, s.redisCPUUs, s.cmdUs = median(proxy), median(server), median(rcpu), median(cmd)
 	return s
 }
 
@@ -202,7 +205,7 @@ func (r *report) renderSystems(p func(string, ...any)) {
 	p("| authlimit, 3 rules | `%s` | `%s` |\n", rulesFor("ips", true, ""), rulesFor("hot", true, ""))
 	p("| authlimit, 1 rule fixed_window | `%s` | `%s` |\n", rulesFor("ips", false, "fixed_window"), rulesFor("hot", false, "fixed_window"))
 	ips, hot := limitFor("ips"), limitFor("hot")
-	p("| naive, nginx-lua-redis | %d per %dms | %d per %dms |\n", ips.n, ips.ms, hot.n, hot.ms)
+	p("| naive (alone and behind nginx-naive-redis, openresty-naive-redis), nginx-lua-redis | %d per %dms | %d per %dms |\n", ips.n, ips.ms, hot.n, hot.ms)
 	p("| nginx-limit_req | rate=100r/s burst=200 nodelay | the same |\n")
 	p("| envoy-ratelimit, authlimit-rls (one YAML file: domain `%s`, descriptor `%s` = the client) | %s | %s |\n\n", rlsDomain, rlsKey, rlsLimitText("ips"), rlsLimitText("hot"))
 }
@@ -215,7 +218,8 @@ func (r *report) renderReading(p func(string, ...any)) {
 	p("- **p50, p99, p99.9**: latency seen by the client, from writing the request to reading the last byte of the answer (log-linear histogram, under 2%% bucket error).\n")
 	p("- **errors**: transport errors and statuses other than 200 and the denial, summed over all rounds. **200s, denials**: per run (median).\n")
 	p("- **⚠**: the system had errors, or authlimit's `/metrics` counted store errors (`authlimit_store_errors_total`) or fail-mode decisions (`authlimit_fail_mode_decisions_total`) during a run, warm-up included: then some decisions were made without Redis, and its figures do not measure Redis decisions alone. Both counters must be 0 with a healthy Redis.\n")
-	p("- **server CPU µs/decision**: user + system CPU of the system's server processes (authlimit; envoyproxy/ratelimit; nginx's master and worker; HAProxy; both nginx or HAProxy and authlimit (or the null server) for nginx-authlimit-redis, nginx-auth-null, openresty-authlimit-redis, openresty-auth-null and haproxy-authlimit-redis; the null, gRPC null or naive server) from `/proc/<pid>/stat` over the window, per decision. `/proc` counts 10ms ticks.\n")
+	p("- **proxy CPU µs/decision**: user + system CPU of the system's proxy processes (nginx's master and worker, or HAProxy) from `/proc/<pid>/stat` over the window, per decision; — for a system without a proxy. `/proc` counts 10ms ticks.\n")
+	p("- **server CPU µs/decision**: the same for the server that decides apart from the proxy, in a process of its own: authlimit, envoyproxy/ratelimit, or a reference server of the harness (null, naive, redis-floor, gRPC null), which runs as `bench serve-*`, never inside the harness process that drives the load. The rule: nginx and HAProxy count as proxy, every other process as server. A system that decides inside the proxy (nginx, nginx-limit_req, nginx-lua-redis, haproxy) has no server, so — there; a system behind a proxy (nginx-*-null, nginx-*-redis, openresty-*, haproxy-authlimit-redis) has both, and their sum is the system's CPU.\n")
 	p("- **Redis CPU µs/decision (/proc)**: the same for redis-server (summed over a cluster's nodes; so is commandstats).\n")
 	p("- **Redis µs/decision (commandstats)**: the growth of `usec` in `INFO commandstats`, per decision. Redis also counts the commands a script calls, inside the script's own time, so when scripts ran only the script commands (EVAL*, FCALL*) are summed.\n\n")
 }
@@ -226,8 +230,8 @@ func (r *report) renderWorkload(p func(string, ...any), w workload) {
 		what = "one client far over its limit"
 	}
 	p("## `%s` workload (%s), %d connections\n\n", w.name, what, w.conns)
-	p("| system | decisions/s | × null | p50 | p99 | p99.9 | errors | 200s | denials | server CPU µs/decision | Redis CPU µs/decision (/proc) | Redis µs/decision (commandstats) |\n")
-	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	p("| system | decisions/s | × null | p50 | p99 | p99.9 | errors | 200s | denials | proxy CPU µs/decision | server CPU µs/decision | Redis CPU µs/decision (/proc) | Redis µs/decision (commandstats) |\n")
+	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	null := r.summaryOf(w, "null")
 	var warnings []string
 	for _, sys := range r.systems {
@@ -252,13 +256,19 @@ func (r *report) renderWorkload(p func(string, ...any), w workload) {
 		if null != nil && null.rate > 0 {
 			ratio = fmt.Sprintf("%.2f", s.rate/null.rate)
 		}
-		redisCPU, cmd := "—", "—"
+		proxyCPU, serverCPU, redisCPU, cmd := "—", "—", "—", "—"
+		if s.hasProxy {
+			proxyCPU = fmt.Sprintf("%.1f", s.proxyUs)
+		}
+		if s.hasServer {
+			serverCPU = fmt.Sprintf("%.1f", s.serverUs)
+		}
 		if s.hasRedis {
 			redisCPU, cmd = fmt.Sprintf("%.1f", s.redisCPUUs), fmt.Sprintf("%.1f", s.cmdUs)
 		}
-		p("| %s | %.0f | %s | %s | %s | %s | %d | %.0f | %.0f | %.1f | %s | %s |\n",
+		p("| %s | %.0f | %s | %s | %s | %s | %d | %.0f | %.0f | %s | %s | %s | %s |\n",
 			name, s.rate, ratio, fmtDuration(s.p50), fmtDuration(s.p99), fmtDuration(s.p999),
-			s.errors, s.allowed, s.denied, s.serverUs, redisCPU, cmd)
+			s.errors, s.allowed, s.denied, proxyCPU, serverCPU, redisCPU, cmd)
 	}
 	p("\n")
 	for _, w := range warnings {
@@ -283,6 +293,7 @@ const (
 	p50Of                     // p50 latency
 	p99Of                     // p99 latency
 	redisCmdOf                // Redis µs/decision by commandstats
+	proxyCPUOf                // the proxy's CPU µs/decision
 )
 
 // value is the measure of s, and whether it is known.
@@ -294,6 +305,8 @@ func (m measure) value(s *summary) (float64, bool) {
 		return float64(s.p99), s.p99 > 0
 	case redisCmdOf:
 		return s.cmdUs, s.hasRedis && s.cmdUs > 0
+	case proxyCPUOf:
+		return s.proxyUs, s.hasProxy && s.proxyUs > 0
 	default:
 		return s.rate, s.rate > 0
 	}
@@ -303,6 +316,8 @@ func (r *report) renderSummary(p func(string, ...any)) {
 	rows := []ratioRow{
 		{label: "authlimit-redis-1 / null", num: "authlimit-redis-1", den: "null"},
 		{label: "authlimit-redis-1 / naive", num: "authlimit-redis-1", den: "naive"},
+		{label: "redis-floor / naive (no limiter with one Redis round trip per decision leads naive by more)", num: "redis-floor", den: "naive"},
+		{label: "authlimit-redis-1 / redis-floor", num: "authlimit-redis-1", den: "redis-floor"},
 		{label: "authlimit-redis-3 / authlimit-redis-1", num: "authlimit-redis-3", den: "authlimit-redis-1"},
 		{label: "authlimit-memory / null", num: "authlimit-memory", den: "null"},
 		{label: "authlimit hot / null (authlimit-redis-1)", num: "authlimit-redis-1", den: "null", applies: func(w workload) bool { return w.name == "hot" }},
@@ -310,12 +325,20 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "nginx-authlimit-redis / nginx", num: "nginx-authlimit-redis", den: "nginx"},
 		{label: "nginx-lua-redis / nginx", num: "nginx-lua-redis", den: "nginx"},
 		{label: "openresty-authlimit-redis / nginx-lua-redis", num: "openresty-authlimit-redis", den: "nginx-lua-redis"},
+		{label: "openresty-naive-redis / nginx-lua-redis", num: "openresty-naive-redis", den: "nginx-lua-redis"},
+		{label: "openresty-authlimit-redis / openresty-naive-redis", num: "openresty-authlimit-redis", den: "openresty-naive-redis"},
 		{label: "openresty-auth-null / nginx (the Lua module's ceiling)", num: "openresty-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
 		{label: "nginx-auth-null / nginx (auth_request's ceiling)", num: "nginx-auth-null", den: "nginx", applies: func(w workload) bool { return w.name == "ips" }},
+		{label: "nginx-naive-redis / nginx-auth-null (auth_request with the simplest limiter)", num: "nginx-naive-redis", den: "nginx-auth-null", applies: func(w workload) bool { return w.name == "ips" }},
+		{label: "nginx-authlimit-redis / nginx-naive-redis", num: "nginx-authlimit-redis", den: "nginx-naive-redis"},
+		{label: "proxy CPU µs/decision: openresty-authlimit-redis / nginx-lua-redis", num: "openresty-authlimit-redis", den: "nginx-lua-redis", of: proxyCPUOf},
+		{label: "proxy CPU µs/decision: openresty-auth-null / nginx-lua-redis", num: "openresty-auth-null", den: "nginx-lua-redis", of: proxyCPUOf},
+		{label: "proxy CPU µs/decision: nginx-authlimit-redis / nginx-auth-null", num: "nginx-authlimit-redis", den: "nginx-auth-null", of: proxyCPUOf},
 		{label: "haproxy-authlimit-redis / haproxy", num: "haproxy-authlimit-redis", den: "haproxy"},
 		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", of: p99Of, applies: func(w workload) bool { return w.conns == 50 }},
 		{label: "authlimit-redis-fw / naive", num: "authlimit-redis-fw", den: "naive"},
 		{label: "authlimit-redis-1 p50 / naive p50", num: "authlimit-redis-1", den: "naive", of: p50Of},
+		{label: "redis-floor p50 / naive p50", num: "redis-floor", den: "naive", of: p50Of},
 		{label: "Redis µs/decision: authlimit-redis-1 / naive", num: "authlimit-redis-1", den: "naive", of: redisCmdOf},
 		{label: "Redis µs/decision: authlimit-redis-fw / naive", num: "authlimit-redis-fw", den: "naive", of: redisCmdOf},
 		{label: "Redis µs/decision: authlimit-redis-3 / authlimit-redis-1", num: "authlimit-redis-3", den: "authlimit-redis-1", of: redisCmdOf},
@@ -323,7 +346,7 @@ func (r *report) renderSummary(p func(string, ...any)) {
 	}
 	rows = append(rows, grpcRatioRows()...)
 	ws := r.workloads()
-	p("## Summary\n\nRatios of decisions/s, or of the figure the row names (p50, p99, Redis µs per decision by commandstats), medians of the rounds. ")
+	p("## Summary\n\nRatios of decisions/s, or of the figure the row names (p50, p99, Redis µs per decision by commandstats, proxy CPU µs per decision), medians of the rounds. ")
 	p("⚠ marks a ratio with a system that had errors, or an authlimit that decided without its store (see the workload's table).\n\n| ratio |")
 	for _, w := range ws {
 		p(" %s |", w)

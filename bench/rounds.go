@@ -24,9 +24,12 @@ func (w workload) String() string { return fmt.Sprintf("%s c=%d", w.name, w.conn
 // runResult is one measured run of one system under one workload.
 type runResult struct {
 	load      *loadResult
+	proxyCPU  time.Duration // CPU of the system's proxy processes in the window
 	serverCPU time.Duration // CPU of the system's server processes in the window
 	redisCPU  time.Duration // CPU of redis-server in the window
 	redisUsec uint64        // microseconds Redis's commandstats counted in the window
+	hasProxy  bool          // the system has proxy processes
+	hasServer bool          // the system has server processes
 	hasRedis  bool
 	health    *authlimitHealth // authlimit systems only
 }
@@ -125,16 +128,16 @@ func runOnce(ctx context.Context, o *options, s system, w workload, reqs [][]byt
 	}
 	defer in.stop()
 
-	res := &runResult{hasRedis: len(nodes) > 0}
-	servers := processTree(in.cpuRoots...)
+	res := &runResult{hasRedis: len(nodes) > 0, hasProxy: len(in.proxyRoots) > 0, hasServer: len(in.serverRoots) > 0}
+	proxies, servers := processTree(in.proxyRoots...), processTree(in.serverRoots...)
 	var redisPids []int
 	for _, r := range nodes {
 		redisPids = append(redisPids, r.proc.pid())
 	}
-	var cpu0, rcpu0 time.Duration
+	var pcpu0, cpu0, rcpu0 time.Duration
 	var cs0 map[string]cmdStat
 	atStart := func() error {
-		cpu0, rcpu0 = cpuTime(servers), cpuTime(redisPids)
+		pcpu0, cpu0, rcpu0 = cpuTime(proxies), cpuTime(servers), cpuTime(redisPids)
 		if len(nodes) == 0 {
 			return nil
 		}
@@ -143,7 +146,7 @@ func runOnce(ctx context.Context, o *options, s system, w workload, reqs [][]byt
 		return err
 	}
 	atEnd := func() error {
-		res.serverCPU, res.redisCPU = cpuTime(servers)-cpu0, cpuTime(redisPids)-rcpu0
+		res.proxyCPU, res.serverCPU, res.redisCPU = cpuTime(proxies)-pcpu0, cpuTime(servers)-cpu0, cpuTime(redisPids)-rcpu0
 		if len(nodes) > 0 {
 			cs1, err := sumCommandStats(ctx, nodes)
 			if err != nil {

@@ -1,16 +1,21 @@
 package main
 
-// This file holds the two reference servers the harness runs as separate
-// processes: null (the floor of any HTTP answer) and naive (the obvious
-// fasthttp + go-redis limiter authlimit should beat or match).
+// This file holds the reference servers the harness runs as separate
+// processes: null (the floor of any HTTP answer), naive (the obvious
+// fasthttp + go-redis limiter authlimit should beat or match) and
+// redis-floor (the floor of any answer that waits for one Redis round
+// trip).
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,7 +40,8 @@ func serveNull(ctx context.Context, args []string, stderr io.Writer) error {
 }
 
 // serveNaive limits by the X-Forwarded-For value with one EVALSHA per
-// request: 200 up to limit per window, then 429.
+// request: 200 up to limit per window, then the deny status (429, or 403
+// behind nginx's auth_request, which passes no other denial on).
 func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve-naive", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -43,11 +49,22 @@ func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	addr := fs.String("redis", "127.0.0.1:6379", "Redis address")
 	limit := fs.Int64("limit", 100, "requests admitted per window and client")
 	window := fs.Duration("window", time.Minute, "window")
+	denyStatus := fs.Int("deny-status", fasthttp.StatusTooManyRequests, "status of a denial, 400-499")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *limit < 1 || *window < time.Millisecond {
-		return errors.New("serve-naive: -limit must be at least 1 and -window at least 1ms")
+	var errs []error
+	if *limit < 1 {
+		errs = append(errs, fmt.Errorf("-limit %d must be at least 1", *limit))
+	}
+	if *window < time.Millisecond {
+		errs = append(errs, fmt.Errorf("-window %v must be at least 1ms", *window))
+	}
+	if *denyStatus < 400 || *denyStatus > 499 {
+		errs = append(errs, fmt.Errorf("-deny-status %d must be from 400 to 499", *denyStatus))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("serve-naive: %w", err)
 	}
 	client := redis.NewClient(&redis.Options{Addr: *addr})
 	defer client.Close()
@@ -71,9 +88,138 @@ func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 		case err != nil:
 			c.SetStatusCode(fasthttp.StatusInternalServerError)
 		case n > *limit:
-			c.SetStatusCode(fasthttp.StatusTooManyRequests)
+			c.SetStatusCode(*denyStatus)
 		}
 	})
+}
+
+// pingRequest is PING in RESP.
+const pingRequest = "*1\r\n$4\r\nPING\r\n"
+
+// serveRedisFloor answers every request 200 after one PING round trip to
+// Redis, limiting nothing: the least any handler that asks Redis once per
+// decision must do. No client library stands between: the request is
+// written and the reply read on a pooled connection of the request's own,
+// never pipelined with another request's.
+func serveRedisFloor(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve-redis-floor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:0", "address to serve on")
+	addr := fs.String("redis", "127.0.0.1:6379", "Redis address")
+	timeout := fs.Duration("timeout", time.Second, "deadline of each round trip, the dial included")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *timeout <= 0 {
+		return fmt.Errorf("serve-redis-floor: -timeout %v must be positive", *timeout)
+	}
+	pool := &pingPool{addr: *addr, timeout: *timeout}
+	defer pool.close()
+	if err := pool.ping(); err != nil {
+		return fmt.Errorf("serve-redis-floor: %w", err)
+	}
+	return serve(ctx, *listen, func(c *fasthttp.RequestCtx) {
+		if string(c.Path()) == "/healthz" {
+			return
+		}
+		if err := pool.ping(); err != nil {
+			c.SetStatusCode(fasthttp.StatusInternalServerError)
+		}
+	})
+}
+
+// pingPool keeps idle Redis connections: a request takes one (or dials a
+// new one if none is idle), so there are as many connections as requests
+// ever were in flight at once, and each carries one request at a time.
+type pingPool struct {
+	addr    string
+	timeout time.Duration
+
+	mu     sync.Mutex
+	idle   []*pingConn
+	closed bool
+}
+
+// pingConn is one connection to Redis with its buffers.
+type pingConn struct {
+	conn net.Conn
+	rw   *bufio.ReadWriter
+}
+
+// ping makes one PING round trip on a connection of its own. A connection
+// that failed, or answered anything but +PONG, is closed, never reused.
+func (p *pingPool) ping() error {
+	c, err := p.get()
+	if err != nil {
+		return err
+	}
+	if err := c.ping(p.timeout); err != nil {
+		_ = c.conn.Close()
+		return fmt.Errorf("redis %s: %w", p.addr, err)
+	}
+	p.put(c)
+	return nil
+}
+
+// get takes an idle connection or dials one.
+func (p *pingPool) get() (*pingConn, error) {
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		c := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		return c, nil
+	}
+	p.mu.Unlock()
+	conn, err := net.DialTimeout("tcp", p.addr, p.timeout)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	return &pingConn{conn: conn, rw: bufio.NewReadWriter(bufio.NewReader(conn), bufio.NewWriter(conn))}, nil
+}
+
+// put returns a connection to the idle ones, or closes it once the pool
+// is closed.
+func (p *pingPool) put(c *pingConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		_ = c.conn.Close()
+		return
+	}
+	p.idle = append(p.idle, c)
+}
+
+// close closes the idle connections, and those put back later.
+func (p *pingPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, c := range p.idle {
+		_ = c.conn.Close()
+	}
+	p.idle = nil
+}
+
+// ping writes PING and reads its reply, within timeout.
+func (c *pingConn) ping(timeout time.Duration) error {
+	if err := c.conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+		return fmt.Errorf("set deadline: %w", err)
+	}
+	if _, err := c.rw.WriteString(pingRequest); err != nil {
+		return fmt.Errorf("write PING: %w", err)
+	}
+	if err := c.rw.Flush(); err != nil {
+		return fmt.Errorf("write PING: %w", err)
+	}
+	line, err := c.rw.ReadSlice('\n')
+	if err != nil {
+		return fmt.Errorf("read PING reply: %w", err)
+	}
+	if !bytes.Equal(line, []byte("+PONG\r\n")) {
+		return fmt.Errorf("PING reply %q, want +PONG", bytes.TrimRight(line, "\r\n"))
+	}
+	return nil
 }
 
 // serve runs a fasthttp server on listen until ctx ends.

@@ -19,10 +19,10 @@ const luaModule = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 // systemNames lists every system in the order of the results tables.
 func systemNames() []string {
 	return []string{
-		"null", "naive", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-fw", "authlimit-redis-3", "authlimit-cluster-1",
-		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-authlimit-redis",
+		"null", "naive", "redis-floor", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-fw", "authlimit-redis-3", "authlimit-cluster-1",
+		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-naive-redis", "nginx-authlimit-redis",
 		"haproxy", "haproxy-authlimit-redis",
-		"openresty-auth-null", "openresty-authlimit-redis",
+		"openresty-auth-null", "openresty-naive-redis", "openresty-authlimit-redis",
 		"grpc-null", "envoy-ratelimit", "authlimit-rls", "authlimit-check",
 	}
 }
@@ -58,11 +58,16 @@ const clusterPrimaries = 3
 
 // instance is a started system.
 type instance struct {
-	addr       string   // where the load goes
-	procs      []*proc  // every process started, leaders of their groups
-	cpuRoots   []int    // the server processes whose CPU is measured, with descendants
-	metrics    []string // authlimit /metrics URLs to check after the run
-	denyStatus int      // the status of a denial, as the client sees it
+	addr  string  // where the load goes
+	procs []*proc // every process started, leaders of their groups
+	// proxyRoots are the proxy's processes (nginx, HAProxy) and
+	// serverRoots those of the server that decides apart from it
+	// (authlimit, envoyproxy/ratelimit, a `bench serve-*` reference
+	// server): their CPU is measured apart, each with its descendants.
+	proxyRoots  []int
+	serverRoots []int
+	metrics     []string // authlimit /metrics URLs to check after the run
+	denyStatus  int      // the status of a denial, as the client sees it
 }
 
 // stop stops every process of the instance.
@@ -116,6 +121,7 @@ func catalogue() []system {
 	return []system{
 		{name: "null", about: "fasthttp answering 200 with an empty body (`bench serve-null`)", path: "/auth", start: startNull},
 		{name: "naive", about: "fasthttp + go-redis, one EVALSHA (INCR, PEXPIRE on the first hit) per request keyed by X-Forwarded-For (`bench serve-naive`)", usesRedis: true, path: "/auth", start: startNaive},
+		{name: "redis-floor", about: "fasthttp + one Redis round trip per request that limits nothing: a raw RESP `PING` written and read on a pooled connection of the request's own (no go-redis, no pipelining across requests), then 200 (`bench serve-redis-floor`): the floor of any handler making one Redis round trip per decision", usesRedis: true, path: "/auth", start: startRedisFloor},
 		{name: "authlimit-memory", about: "authlimit, embedded memory store, 1 rule", path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-1", about: "authlimit on Redis, 1 rule (sliding_window_counter)", usesRedis: true, path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-fw", about: "authlimit on Redis, 1 rule (fixed_window, the naive handler's own algorithm)", usesRedis: true, path: "/auth", start: authlimitAlgorithm("fixed_window")},
@@ -125,10 +131,12 @@ func catalogue() []system {
 		{name: "nginx-limit_req", about: "nginx `limit_req` per client address (rate=100r/s burst=200 nodelay) in front of the static file", nginx: true, path: nginxPath, start: startNginxLimitReq},
 		{name: "nginx-lua-redis", about: "nginx `access_by_lua_block` speaking RESP to Redis (INCR, PEXPIRE on the first hit; pooled with setkeepalive)", nginx: true, lua: true, usesRedis: true, path: nginxPath, start: startNginxLuaRedis},
 		{name: "nginx-auth-null", about: "nginx with the shipped nginx/example.conf, as nginx-authlimit-redis, but the null server in authlimit's place (200 to every subrequest): the auth_request hop alone, the ceiling of any auth server behind it", nginx: true, path: nginxPath, start: startNginxAuthNull},
+		{name: "nginx-naive-redis", about: "nginx with the shipped nginx/example.conf, as nginx-authlimit-redis, but the naive server in authlimit's place, keyed by the subrequest's X-Forwarded-For and denying 403 as the file requires: auth_request with the simplest limiter behind it", nginx: true, usesRedis: true, path: nginxPath, start: startNginxNaive},
 		{name: "nginx-authlimit-redis", about: "nginx with the shipped nginx/example.conf: auth_request → authlimit (AUTHLIMIT_DENY_STATUS=403) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, usesRedis: true, path: nginxPath, start: startNginxAuthlimit},
 		{name: "haproxy", about: "HAProxy alone (one thread) answering a small body itself (`http-request return`)", haproxy: true, path: "/", start: startHAProxyAlone},
 		{name: "haproxy-authlimit-redis", about: "HAProxy (one thread) with the shipped haproxy/haproxy.cfg and haproxy/authlimit.lua: a Lua action → core.httpclient() → the config's listen section → authlimit → Redis, 1 rule; the frontend answers allowed requests itself, as haproxy alone does", haproxy: true, usesRedis: true, path: "/", start: startHAProxyAuthlimit},
 		{name: "openresty-auth-null", about: "OpenResty with the shipped nginx/openresty.conf and nginx/authlimit.lua, as openresty-authlimit-redis, but the null server in authlimit's place: the Lua module's hop alone, the ceiling of any auth server behind it", nginx: true, lua: true, path: nginxPath, start: startOpenRestyAuthNull},
+		{name: "openresty-naive-redis", about: "OpenResty with the shipped nginx/openresty.conf and nginx/authlimit.lua, as openresty-authlimit-redis, but the naive server in authlimit's place, keyed by the X-Forwarded-For the module sends (its 200 admits, its 429 is relayed): the Lua module with the simplest limiter behind it", nginx: true, lua: true, usesRedis: true, path: nginxPath, start: startOpenRestyNaive},
 		{name: "openresty-authlimit-redis", about: "OpenResty (nginx + Lua module) with the shipped nginx/openresty.conf and nginx/authlimit.lua: access_by_lua asks authlimit over pooled cosocket connections (no subrequest) → Redis, 1 rule; backend a static-file server block of the same nginx", nginx: true, lua: true, usesRedis: true, path: nginxPath, start: startOpenRestyAuthlimit},
 		{name: "grpc-null", about: "authlimit's own gRPC server (front/grpcwire, as authlimit serves `Check` and `ShouldRateLimit`) answering every `Check` with an `ok_response` and deciding nothing (`bench serve-grpc-null`), driven by the gRPC load with authlimit-check's requests: the floor of any gRPC answer of authlimit's, as null is of any HTTP answer", rpc: checkRPC, start: startGRPCNull},
 		{name: "envoy-ratelimit", about: fmt.Sprintf("envoyproxy/ratelimit %s (built with `go install` from the Go module proxy) answering gRPC `ShouldRateLimit` on Redis from the rate-limit configuration below, its settings at their defaults (a pool of 10 Redis connections, no pipelining window, no local cache of keys over their limit), driven by the gRPC load", ratelimitVersion), usesRedis: true, ratelimit: true, rpc: rlsRPC, start: startEnvoyRatelimit},
@@ -168,7 +176,7 @@ func startNull(ctx context.Context, e *runEnv) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}, nil
+	return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}, denyStatus: 429}, nil
 }
 
 // startNullServer starts `bench serve-null` on a free loopback port and
@@ -190,22 +198,48 @@ func startNullServer(ctx context.Context, e *runEnv) (*proc, string, error) {
 }
 
 func startNaive(ctx context.Context, e *runEnv) (*instance, error) {
+	p, addr, err := startNaiveServer(ctx, e, 429)
+	if err != nil {
+		return nil, err
+	}
+	return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}, denyStatus: 429}, nil
+}
+
+// startNaiveServer starts `bench serve-naive` on a free loopback port,
+// denying with denyStatus, and waits until it answers.
+func startNaiveServer(ctx context.Context, e *runEnv, denyStatus int) (*proc, string, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	l := limitFor(e.workload)
+	p, err := startProc(e.dir, "naive", e.o.selfBinary, []string{"serve-naive", "-listen", addr,
+		"-redis", e.redis.addr, "-limit", fmt.Sprint(l.n), "-window", fmt.Sprintf("%dms", l.ms),
+		"-deny-status", fmt.Sprint(denyStatus)}, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := waitReady(ctx, "naive server", readyTimeout, wantStatus("http://"+addr+"/healthz", 200), p); err != nil {
+		p.stop()
+		return nil, "", err
+	}
+	return p, addr, nil
+}
+
+func startRedisFloor(ctx context.Context, e *runEnv) (*instance, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	l := limitFor(e.workload)
-	p, err := startProc(e.dir, "naive", e.o.selfBinary, []string{"serve-naive", "-listen", addr,
-		"-redis", e.redis.addr, "-limit", fmt.Sprint(l.n), "-window", fmt.Sprintf("%dms", l.ms)}, nil)
+	p, err := startProc(e.dir, "redis-floor", e.o.selfBinary, []string{"serve-redis-floor", "-listen", addr, "-redis", e.redis.addr}, nil)
 	if err != nil {
 		return nil, err
 	}
-	in := &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, denyStatus: 429}
-	if err := waitReady(ctx, "naive server", readyTimeout, wantStatus("http://"+addr+"/healthz", 200), p); err != nil {
-		in.stop()
+	if err := waitReady(ctx, "redis-floor server", readyTimeout, wantStatus("http://"+addr+"/healthz", 200), p); err != nil {
+		p.stop()
 		return nil, err
 	}
-	return in, nil
+	return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}, denyStatus: 429}, nil
 }
 
 // authlimitSystem starts authlimit with one rule or three, on Redis if the
@@ -225,6 +259,6 @@ func authlimitRules(three bool, algorithm string) func(ctx context.Context, e *r
 		if err != nil {
 			return nil, err
 		}
-		return &instance{addr: addr, procs: []*proc{p}, cpuRoots: []int{p.pid()}, metrics: []string{"http://" + addr + "/metrics"}, denyStatus: 429}, nil
+		return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}, metrics: []string{"http://" + addr + "/metrics"}, denyStatus: 429}, nil
 	}
 }
