@@ -193,7 +193,7 @@ func startNginxAuthNull(ctx context.Context, e *runEnv) (*instance, error) {
 // auth_request passes no other denial on. What auth_request costs with the
 // simplest limiter behind it.
 func startNginxNaive(ctx context.Context, e *runEnv) (*instance, error) {
-	p, addr, err := startNaiveServer(ctx, e, 403)
+	p, addr, err := startNaiveServer(ctx, e, 403, "go-redis")
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +269,7 @@ func startOpenRestyAuthNull(ctx context.Context, e *runEnv) (*instance, error) {
 // which the naive server keys by, takes its 200 as an admission and relays
 // its 429.
 func startOpenRestyNaive(ctx context.Context, e *runEnv) (*instance, error) {
-	p, addr, err := startNaiveServer(ctx, e, 429)
+	p, addr, err := startNaiveServer(ctx, e, 429, "go-redis")
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -41,7 +42,10 @@ func serveNull(ctx context.Context, args []string, stderr io.Writer) error {
 
 // serveNaive limits by the X-Forwarded-For value with one EVALSHA per
 // request: 200 up to limit per window, then the deny status (429, or 403
-// behind nginx's auth_request, which passes no other denial on).
+// behind nginx's auth_request, which passes no other denial on). With
+// -client raw the EVALSHA is written and its reply read on redis-floor's
+// pooled connections instead of through go-redis: the least a limiter
+// with one atomic Redis call per decision costs.
 func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve-naive", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -50,10 +54,14 @@ func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	limit := fs.Int64("limit", 100, "requests admitted per window and client")
 	window := fs.Duration("window", time.Minute, "window")
 	denyStatus := fs.Int("deny-status", fasthttp.StatusTooManyRequests, "status of a denial, 400-499")
+	clientKind := fs.String("client", "go-redis", "Redis client: go-redis, or raw (RESP on pooled connections of its own)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	var errs []error
+	if *clientKind != "go-redis" && *clientKind != "raw" {
+		errs = append(errs, fmt.Errorf("-client %q must be go-redis or raw", *clientKind))
+	}
 	if *limit < 1 {
 		errs = append(errs, fmt.Errorf("-limit %d must be at least 1", *limit))
 	}
@@ -65,6 +73,9 @@ func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("serve-naive: %w", err)
+	}
+	if *clientKind == "raw" {
+		return serveNaiveRaw(ctx, *listen, *addr, *limit, window.Milliseconds(), *denyStatus)
 	}
 	client := redis.NewClient(&redis.Options{Addr: *addr})
 	defer client.Close()
@@ -91,6 +102,82 @@ func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 			c.SetStatusCode(*denyStatus)
 		}
 	})
+}
+
+// serveNaiveRaw is serveNaive over rawPool: the naive script is loaded
+// once, then each request writes one EVALSHA and reads its integer reply.
+func serveNaiveRaw(ctx context.Context, listen, addr string, limit, windowMS int64, denyStatus int) error {
+	pool := &pingPool{addr: addr, timeout: time.Second}
+	defer pool.close()
+	c, err := pool.get()
+	if err != nil {
+		return fmt.Errorf("serve-naive: %w", err)
+	}
+	line, err := c.do(pool.timeout, respCommand(nil, "SCRIPT", "LOAD", naiveScript))
+	if err != nil || len(line) < 2 || line[0] != '$' {
+		_ = c.conn.Close()
+		return fmt.Errorf("serve-naive: load naive script: reply %q, %v", line, err)
+	}
+	sha, err := c.rw.ReadSlice('\n')
+	if err != nil || len(sha) != 42 {
+		_ = c.conn.Close()
+		return fmt.Errorf("serve-naive: load naive script: digest %q, %v", sha, err)
+	}
+	digest := string(sha[:40])
+	pool.put(c)
+	window := strconv.FormatInt(windowMS, 10)
+	return serve(ctx, listen, func(rc *fasthttp.RequestCtx) {
+		if string(rc.Path()) == "/healthz" {
+			return
+		}
+		key := "naive:" + string(rc.Request.Header.Peek("X-Forwarded-For"))
+		n, err := pool.evalInt(respCommand(make([]byte, 0, 128), "EVALSHA", digest, "1", key, window))
+		switch {
+		case err != nil:
+			rc.SetStatusCode(fasthttp.StatusInternalServerError)
+		case n > limit:
+			rc.SetStatusCode(denyStatus)
+		}
+	})
+}
+
+// respCommand appends args as a RESP array of bulk strings to b.
+func respCommand(b []byte, args ...string) []byte {
+	b = append(b, '*')
+	b = strconv.AppendInt(b, int64(len(args)), 10)
+	b = append(b, "\r\n"...)
+	for _, a := range args {
+		b = append(b, '$')
+		b = strconv.AppendInt(b, int64(len(a)), 10)
+		b = append(b, "\r\n"...)
+		b = append(b, a...)
+		b = append(b, "\r\n"...)
+	}
+	return b
+}
+
+// evalInt makes one round trip of req on a pooled connection and parses
+// an integer reply. A connection that failed, or answered anything else,
+// is closed, never reused.
+func (p *pingPool) evalInt(req []byte) (int64, error) {
+	c, err := p.get()
+	if err != nil {
+		return 0, err
+	}
+	line, err := c.do(p.timeout, req)
+	if err == nil && (len(line) < 3 || line[0] != ':') {
+		err = fmt.Errorf("reply %q, want an integer", bytes.TrimRight(line, "\r\n"))
+	}
+	var n int64
+	if err == nil {
+		n, err = strconv.ParseInt(string(line[1:len(line)-2]), 10, 64)
+	}
+	if err != nil {
+		_ = c.conn.Close()
+		return 0, fmt.Errorf("redis %s: %w", p.addr, err)
+	}
+	p.put(c)
+	return n, nil
 }
 
 // pingRequest is PING in RESP.
@@ -203,23 +290,32 @@ func (p *pingPool) close() {
 
 // ping writes PING and reads its reply, within timeout.
 func (c *pingConn) ping(timeout time.Duration) error {
-	if err := c.conn.SetDeadline(time.Now().Add(timeout)); err != nil {
-		return fmt.Errorf("set deadline: %w", err)
-	}
-	if _, err := c.rw.WriteString(pingRequest); err != nil {
-		return fmt.Errorf("write PING: %w", err)
-	}
-	if err := c.rw.Flush(); err != nil {
-		return fmt.Errorf("write PING: %w", err)
-	}
-	line, err := c.rw.ReadSlice('\n')
+	line, err := c.do(timeout, []byte(pingRequest))
 	if err != nil {
-		return fmt.Errorf("read PING reply: %w", err)
+		return err
 	}
 	if !bytes.Equal(line, []byte("+PONG\r\n")) {
 		return fmt.Errorf("PING reply %q, want +PONG", bytes.TrimRight(line, "\r\n"))
 	}
 	return nil
+}
+
+// do writes req and reads the first line of its reply, within timeout.
+func (c *pingConn) do(timeout time.Duration, req []byte) ([]byte, error) {
+	if err := c.conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, fmt.Errorf("set deadline: %w", err)
+	}
+	if _, err := c.rw.Write(req); err != nil {
+		return nil, fmt.Errorf("write: %w", err)
+	}
+	if err := c.rw.Flush(); err != nil {
+		return nil, fmt.Errorf("write: %w", err)
+	}
+	line, err := c.rw.ReadSlice('\n')
+	if err != nil {
+		return nil, fmt.Errorf("read reply: %w", err)
+	}
+	return line, nil
 }
 
 // serve runs a fasthttp server on listen until ctx ends.

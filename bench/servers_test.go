@@ -222,6 +222,42 @@ func TestNaiveDenyStatus(t *testing.T) {
 	}
 }
 
+// TestNaiveRaw: with -client raw, naive limits as it does through
+// go-redis, with exactly one EVALSHA per request and one connection per
+// request in flight at most.
+func TestNaiveRaw(t *testing.T) {
+	srv := startRedisServer(t)
+	r := &redisServer{addr: srv.Addr, client: srv.Client(t)}
+	addr := serveInTest(t, "serve-naive", serveNaive, "-redis", srv.Addr, "-limit", "3", "-window", "1h", "-client", "raw")
+	before := infoCounter(t, r, "commandstats", "cmdstat_evalsha")
+	client := &http.Client{Timeout: 2 * time.Second}
+	get := func(from string) int {
+		req, err := http.NewRequest("GET", "http://"+addr+"/auth", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Forwarded-For", from)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	var got []int
+	for range 4 {
+		got = append(got, get("198.18.0.1"))
+	}
+	got = append(got, get("198.18.0.2"))
+	want := []int{200, 200, 200, 429, 200}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("statuses %v, want %v", got, want)
+	}
+	if n := infoCounter(t, r, "commandstats", "cmdstat_evalsha") - before; n != 5 {
+		t.Errorf("EVALSHA calls grew by %d for 5 requests, want 5", n)
+	}
+}
+
 // TestServerFlags: bad flags are refused, naming the flag, before any
 // Redis is dialled (the address given answers nothing).
 func TestServerFlags(t *testing.T) {
@@ -234,6 +270,7 @@ func TestServerFlags(t *testing.T) {
 		{"naive deny status 200", serveNaive, []string{"-deny-status", "200"}, "-deny-status 200"},
 		{"naive deny status 500", serveNaive, []string{"-deny-status", "500"}, "-deny-status 500"},
 		{"naive limit 0 and window 0", serveNaive, []string{"-limit", "0", "-window", "0s"}, "-limit 0 must be at least 1\n-window 0s"},
+		{"naive unknown client", serveNaive, []string{"-client", "redigo"}, `-client "redigo"`},
 		{"floor timeout 0", serveRedisFloor, []string{"-timeout", "0s"}, "-timeout 0s"},
 		{"floor unknown flag", serveRedisFloor, []string{"-pipeline"}, "-pipeline"},
 	}

@@ -19,7 +19,7 @@ const luaModule = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 // systemNames lists every system in the order of the results tables.
 func systemNames() []string {
 	return []string{
-		"null", "naive", "redis-floor", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-fw", "authlimit-redis-3", "authlimit-cluster-1",
+		"null", "naive", "naive-raw", "redis-floor", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-fw", "authlimit-redis-3", "authlimit-cluster-1",
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-naive-redis", "nginx-authlimit-redis",
 		"haproxy", "haproxy-authlimit-redis",
 		"openresty-auth-null", "openresty-naive-redis", "openresty-authlimit-redis",
@@ -121,6 +121,7 @@ func catalogue() []system {
 	return []system{
 		{name: "null", about: "fasthttp answering 200 with an empty body (`bench serve-null`)", path: "/auth", start: startNull},
 		{name: "naive", about: "fasthttp + go-redis, one EVALSHA (INCR, PEXPIRE on the first hit) per request keyed by X-Forwarded-For (`bench serve-naive`)", usesRedis: true, path: "/auth", start: startNaive},
+		{name: "naive-raw", about: "naive's EVALSHA written and read on redis-floor's pooled connections, no go-redis (`bench serve-naive -client raw`): the least a limiter with one atomic Redis call per decision costs", usesRedis: true, path: "/auth", start: startNaiveRaw},
 		{name: "redis-floor", about: "fasthttp + one Redis round trip per request that limits nothing: a raw RESP `PING` written and read on a pooled connection of the request's own (no go-redis, no pipelining across requests), then 200 (`bench serve-redis-floor`): the floor of any handler making one Redis round trip per decision", usesRedis: true, path: "/auth", start: startRedisFloor},
 		{name: "authlimit-memory", about: "authlimit, embedded memory store, 1 rule", path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-1", about: "authlimit on Redis, 1 rule (sliding_window_counter)", usesRedis: true, path: "/auth", start: authlimitSystem(false)},
@@ -198,7 +199,15 @@ func startNullServer(ctx context.Context, e *runEnv) (*proc, string, error) {
 }
 
 func startNaive(ctx context.Context, e *runEnv) (*instance, error) {
-	p, addr, err := startNaiveServer(ctx, e, 429)
+	p, addr, err := startNaiveServer(ctx, e, 429, "go-redis")
+	if err != nil {
+		return nil, err
+	}
+	return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}, denyStatus: 429}, nil
+}
+
+func startNaiveRaw(ctx context.Context, e *runEnv) (*instance, error) {
+	p, addr, err := startNaiveServer(ctx, e, 429, "raw")
 	if err != nil {
 		return nil, err
 	}
@@ -206,8 +215,9 @@ func startNaive(ctx context.Context, e *runEnv) (*instance, error) {
 }
 
 // startNaiveServer starts `bench serve-naive` on a free loopback port,
-// denying with denyStatus, and waits until it answers.
-func startNaiveServer(ctx context.Context, e *runEnv, denyStatus int) (*proc, string, error) {
+// denying with denyStatus, with the Redis client kind client, and waits
+// until it answers.
+func startNaiveServer(ctx context.Context, e *runEnv, denyStatus int, client string) (*proc, string, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, "", err
@@ -215,7 +225,7 @@ func startNaiveServer(ctx context.Context, e *runEnv, denyStatus int) (*proc, st
 	l := limitFor(e.workload)
 	p, err := startProc(e.dir, "naive", e.o.selfBinary, []string{"serve-naive", "-listen", addr,
 		"-redis", e.redis.addr, "-limit", fmt.Sprint(l.n), "-window", fmt.Sprintf("%dms", l.ms),
-		"-deny-status", fmt.Sprint(denyStatus)}, nil)
+		"-deny-status", fmt.Sprint(denyStatus), "-client", client}, nil)
 	if err != nil {
 		return nil, "", err
 	}
