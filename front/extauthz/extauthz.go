@@ -237,8 +237,11 @@ func (s *Server) check(ctx context.Context, sc *scratch) (*decide.Outcome, error
 	// the guard counts an abandoned decision as a store failure, so a
 	// caller in a hurry (or one that gives up) would open the circuit for
 	// everyone, and a decision sent to the store may consume there
-	// whatever the caller does. The store's budget bounds it.
-	s.engine.Decide(context.WithoutCancel(ctx), &sc.in, &sc.out)
+	// whatever the caller does. The store's budget bounds it. A call's
+	// context ends when its client resets it (the shaping hold below
+	// watches that), so it is detached, without an allocation
+	// (grpcwire.WithoutCancel).
+	s.engine.Decide(grpcwire.WithoutCancel(ctx), &sc.in, &sc.out)
 	out := &sc.out
 	if out.Delay > 0 {
 		s.sleep(ctx, out.Delay)

@@ -221,9 +221,12 @@ func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (resp *pb.
 	// The caller's deadline does not bound the decision: the store's own
 	// budget does. A caller choosing a deadline too short for any store
 	// would otherwise count as the store failing, and could open the
-	// circuit for everyone.
+	// circuit for everyone; a caller that goes away must not abandon a
+	// decision half-way. grpcwire.WithoutCancel detaches a call's context
+	// without an allocation (its Done closes when the client resets the
+	// call, which the decision must not see).
 	out := &sc.out
-	s.engine.DecideLimits(context.WithoutCancel(ctx), sc.reqs, out)
+	s.engine.DecideLimits(grpcwire.WithoutCancel(ctx), sc.reqs, out)
 	switch out.Verdict {
 	case decide.Allow, decide.Deny, decide.Unmatched:
 		return s.respond(r, sc, out, now), false, nil
