@@ -75,6 +75,7 @@ import (
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/front/grpcwire"
+	"github.com/authlimit/authlimit/internal/pbwire"
 	"github.com/authlimit/authlimit/rules"
 )
 
@@ -95,8 +96,8 @@ type Server struct {
 	engine  *decide.Engine
 	proxies rules.Proxies
 	sleep   func(context.Context, time.Duration)
-	scratch sync.Pool // *scratch
-	shape   *shape    // CheckRequest's, for readRequest
+	scratch sync.Pool     // *scratch
+	shape   *pbwire.Shape // CheckRequest's, for readRequest
 }
 
 // New validates opts and returns a Server.
@@ -108,7 +109,7 @@ func New(opts Options) (*Server, error) {
 		opts.Sleep = sleep
 	}
 	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep,
-		shape: newShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
+		shape: pbwire.NewShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/internal/pbwire"
 )
 
 // envoyRequest is a Check as Envoy sends it, with the attributes Check
@@ -44,7 +45,7 @@ func TestReadRequestVouches(t *testing.T) {
 			t.Fatal(err)
 		}
 		var r request
-		if !readRequest(&r, b, newShape(checkRequestDesc)) {
+		if !readRequest(&r, b, pbwire.NewShape(checkRequestDesc)) {
 			t.Fatalf("raw %v: readRequest does not vouch for Envoy's request", raw)
 		}
 		if d := differs(b); d != "" {
@@ -99,7 +100,7 @@ func FuzzReadRequest(f *testing.F) {
 var checkRequestDesc = (&authv3.CheckRequest{}).ProtoReflect().Descriptor()
 
 // checkShape is CheckRequest's shape, for differs.
-var checkShape = newShape(checkRequestDesc)
+var checkShape = pbwire.NewShape(checkRequestDesc)
 
 // differs says how readRequest's reading of b differs from fromMessage's
 // of proto.Unmarshal's decoding, "" when it does not or does not vouch.
