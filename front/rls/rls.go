@@ -18,6 +18,13 @@
 // store is asked), or a denial the guard's deny cache answered for another
 // descriptor, which leaves the others' counts unread (and unchanged: a
 // denied request consumes nothing).
+//
+// Served on front/grpcwire (Register), ShouldRateLimit reads the fields it
+// uses from the request's bytes, without decoding the rest (see
+// readRequest), whenever it can tell that proto.Unmarshal would decode
+// them without an error, and any other request is decoded whole: a
+// request's meaning is proto.Unmarshal's either way. Its response is
+// written to the wire as proto.Marshal would encode it (appendResponse).
 package rls
 
 import (
