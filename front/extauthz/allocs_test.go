@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
@@ -74,6 +75,42 @@ func TestCheckAllocates(t *testing.T) {
 				t.Errorf("checkWire allocates %v times per call, want at most %v", got, max)
 			}
 		})
+	}
+}
+
+// TestCheckDeniedAllocates: a denied Check, as front/grpcwire serves it
+// (the response written to the wire, as an admitted one's), allocates
+// nothing once its key is over the limit.
+func TestCheckDeniedAllocates(t *testing.T) {
+	if race.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	st := newStack(t, backend{name: "memory"}, "name=a key=ip limit=1/1h", nil)
+	b, err := proto.Marshal(checkRequest(step{client: "198.51.100.77"}, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	for range 2 {
+		if out, err = st.server.checkWire(context.Background(), b, out[:0]); err != nil {
+			t.Fatalf("checkWire: %v", err)
+		}
+	}
+	got := testing.AllocsPerRun(100, func() {
+		out, err = st.server.checkWire(context.Background(), b, out[:0])
+	})
+	if err != nil {
+		t.Fatalf("checkWire: %v", err)
+	}
+	var resp authv3.CheckResponse
+	if err := proto.Unmarshal(out, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if c := codes.Code(resp.GetStatus().GetCode()); c != codes.ResourceExhausted || resp.GetDeniedResponse().GetStatus().GetCode() != 429 {
+		t.Fatalf("checkWire = %v, want a 429 denial", &resp)
+	}
+	if got > 0 {
+		t.Errorf("a denied checkWire allocates %v times per call, want none", got)
 	}
 }
 

@@ -190,13 +190,7 @@ func (s *Server) checkWire(ctx context.Context, b, out []byte) ([]byte, error) {
 	if o.Verdict.Admitted() {
 		return appendOK(out, o.Headers), nil
 	}
-	var resp *authv3.CheckResponse
-	resp, sc.values = response(o, sc.values[:0])
-	out, err = proto.MarshalOptions{}.MarshalAppend(out, resp)
-	if err != nil {
-		return out, status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
-	}
-	return out, nil
+	return appendDenied(out, o), nil
 }
 
 // fromMessage reads m into r.

@@ -166,13 +166,7 @@ func appendOK(b []byte, hs []decide.Header) []byte {
 	b = protowire.AppendTag(b, checkResponseOK, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(n))
 	for _, h := range hs {
-		b = protowire.AppendTag(b, okResponseHeadersToAdd, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(headerOptionLen(h)))
-		b = protowire.AppendTag(b, headerValueOptionHeader, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(pbwire.HeaderValueLen(h.Name, h.Value)))
-		b = pbwire.AppendHeaderValue(b, h.Name, h.Value)
-		b = protowire.AppendTag(b, headerValueOptionAppendAction, protowire.VarintType)
-		b = protowire.AppendVarint(b, overwriteIfExistsOrAdd)
+		b = appendHeaderOption(b, okResponseHeadersToAdd, h)
 	}
 	return b
 }
@@ -184,7 +178,87 @@ func headerOptionLen(h decide.Header) int {
 }
 
 // headerOptionSize is the size of h's HeaderValueOption as a field of
-// OkHttpResponse: tag, length and message.
+// OkHttpResponse or DeniedHttpResponse (both fields of a number below 16):
+// tag, length and message.
 func headerOptionSize(h decide.Header) int {
 	return protowire.SizeTag(okResponseHeadersToAdd) + protowire.SizeBytes(headerOptionLen(h))
+}
+
+// The field numbers of a denied CheckResponse, as appendDenied writes it.
+const (
+	checkResponseDenied = 2 // CheckResponse.denied_response
+	rpcStatusCode       = 1 // google.rpc.Status.code
+	rpcStatusMessage    = 2 // google.rpc.Status.message
+	deniedStatus        = 1 // DeniedHttpResponse.status
+	deniedHeaders       = 2 // DeniedHttpResponse.headers
+	deniedBody          = 3 // DeniedHttpResponse.body
+	httpStatusCode      = 1 // type.v3.HttpStatus.code
+)
+
+// appendDenied appends the encoding of the denied response to out (not
+// admitted), as proto.Marshal encodes response's: the status with the
+// verdict's code and the problem's kind, the HTTP status, the headers
+// and the problem's Content-Type, and the body.
+func appendDenied(b []byte, out *decide.Outcome) []byte {
+	c, kind := int64(int32(code(out.Verdict))), out.Kind
+	n := 0
+	if c != 0 {
+		n += protowire.SizeTag(rpcStatusCode) + protowire.SizeVarint(uint64(c))
+	}
+	if kind != "" {
+		n += protowire.SizeTag(rpcStatusMessage) + protowire.SizeBytes(len(kind))
+	}
+	b = protowire.AppendTag(b, checkResponseStatus, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(n))
+	if c != 0 {
+		b = protowire.AppendTag(b, rpcStatusCode, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(c))
+	}
+	if kind != "" {
+		b = protowire.AppendTag(b, rpcStatusMessage, protowire.BytesType)
+		b = protowire.AppendString(b, kind)
+	}
+
+	st := int64(int32(out.Status))
+	stLen := 0
+	if st != 0 {
+		stLen = protowire.SizeTag(httpStatusCode) + protowire.SizeVarint(uint64(st))
+	}
+	ct := decide.Header{Name: []byte("Content-Type"), Value: []byte("application/problem+json")}
+	n = protowire.SizeTag(deniedStatus) + protowire.SizeBytes(stLen) + headerOptionSize(ct)
+	for _, h := range out.Headers {
+		n += headerOptionSize(h)
+	}
+	if len(out.Body) > 0 {
+		n += protowire.SizeTag(deniedBody) + protowire.SizeBytes(len(out.Body))
+	}
+	b = protowire.AppendTag(b, checkResponseDenied, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(n))
+	b = protowire.AppendTag(b, deniedStatus, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(stLen))
+	if st != 0 {
+		b = protowire.AppendTag(b, httpStatusCode, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(st))
+	}
+	for _, h := range out.Headers {
+		b = appendHeaderOption(b, deniedHeaders, h)
+	}
+	b = appendHeaderOption(b, deniedHeaders, ct)
+	if len(out.Body) > 0 {
+		b = protowire.AppendTag(b, deniedBody, protowire.BytesType)
+		b = protowire.AppendBytes(b, out.Body)
+	}
+	return b
+}
+
+// appendHeaderOption appends h as field num, a HeaderValueOption that
+// overwrites a header of the same name.
+func appendHeaderOption(b []byte, num protowire.Number, h decide.Header) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(headerOptionLen(h)))
+	b = protowire.AppendTag(b, headerValueOptionHeader, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(pbwire.HeaderValueLen(h.Name, h.Value)))
+	b = pbwire.AppendHeaderValue(b, h.Name, h.Value)
+	b = protowire.AppendTag(b, headerValueOptionAppendAction, protowire.VarintType)
+	return protowire.AppendVarint(b, overwriteIfExistsOrAdd)
 }

@@ -211,3 +211,34 @@ func TestAppendOK(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendDenied: the denied response appendDenied writes is, byte for
+// byte, what proto.Marshal makes of the response Check answers, for every
+// verdict that is not admitted, any number of headers, with or without a
+// kind and a body.
+func TestAppendDenied(t *testing.T) {
+	names := []string{"RateLimit-Policy", "Retry-After", "", "X-RateLimit-Limit"}
+	for _, v := range []decide.Verdict{decide.Deny, decide.Invalid, decide.Blocked, decide.Unavailable, decide.Failed} {
+		for _, st := range []int{429, 503, 500, 400, 0} {
+			for _, kind := range []string{"rate-limited", ""} {
+				for _, body := range []string{`{"type":"urn:authlimit:rate-limited","title":"Too Many Requests","status":429}`, "", strings.Repeat("b", 300)} {
+					for n := range maxHeaders + 3 {
+						var hs []decide.Header
+						for i := range n {
+							hs = append(hs, decide.Header{Name: []byte(names[i%len(names)]), Value: []byte(strings.Repeat("v", i*30))})
+						}
+						out := &decide.Outcome{Verdict: v, Status: st, Kind: kind, Headers: hs, Body: []byte(body)}
+						resp, _ := response(out, nil)
+						want, err := proto.Marshal(resp)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if got := appendDenied([]byte("prefix"), out); string(got) != "prefix"+string(want) {
+							t.Fatalf("%v %d %q, %d headers, body %d: appendDenied = %x, proto.Marshal gives %x", v, st, kind, n, len(body), got[len("prefix"):], want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
