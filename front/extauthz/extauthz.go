@@ -52,7 +52,8 @@
 // bytes, without decoding the rest (see readRequest), whenever it can tell
 // that proto.Unmarshal would decode them without an error; any other
 // request is decoded whole: a request's meaning is proto.Unmarshal's
-// either way.
+// either way. Its response, admitted or denied, is written to the wire as
+// proto.Marshal would encode it (appendOK, appendDenied).
 package extauthz
 
 import (
