@@ -283,13 +283,7 @@ func TestUnaryCallAllocates(t *testing.T) {
 	if err := UnaryRaw(s, checkPath, func(_ context.Context, _, out []byte) ([]byte, error) { return append(out, resp...), nil }); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(l) }()
-	t.Cleanup(s.Stop)
-	bc := dialBench(t, l.Addr().String(), benchCall(t))
+	bc := dialBench(t, serveLoopback(t, s), benchCall(t))
 	t.Cleanup(func() { _ = bc.c.Close() })
 	bc.do(t) // settle the SETTINGS exchange
 	got := testing.AllocsPerRun(200, func() { bc.do(t) })

@@ -45,13 +45,20 @@ func keepServer(t *testing.T) (*keeper, string) {
 	if err := Unary(s, keepPath, k.call); err != nil {
 		t.Fatal(err)
 	}
+	return k, serveLoopback(t, s)
+}
+
+// serveLoopback serves s on a loopback port until the test ends, and
+// returns its address.
+func serveLoopback(t testing.TB, s *Server) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = s.Serve(l) }()
 	t.Cleanup(s.Stop)
-	return k, l.Addr().String()
+	return l.Addr().String()
 }
 
 func (r *raw) keep(id uint32, v string, extra ...string) {
