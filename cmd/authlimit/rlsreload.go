@@ -70,9 +70,16 @@ func (s *rlsSwitch) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest)
 	return s.cur.Load().ShouldRateLimit(ctx, r)
 }
 
-// Register serves the service's ShouldRateLimit on g.
+// ShouldRateLimitWire implements the rate-limit service on a request's
+// bytes (rls.Service.ShouldRateLimitWire).
+func (s *rlsSwitch) ShouldRateLimitWire(ctx context.Context, req, out []byte) ([]byte, error) {
+	return s.cur.Load().ShouldRateLimitWire(ctx, req, out)
+}
+
+// Register serves the service's ShouldRateLimit on g, from each request's
+// bytes.
 func (s *rlsSwitch) Register(g *grpcwire.Server) error {
-	return grpcwire.Unary(g, rls.ShouldRateLimitMethod, s.ShouldRateLimit)
+	return grpcwire.UnaryRaw(g, rls.ShouldRateLimitMethod, s.ShouldRateLimitWire)
 }
 
 // ServeJSON answers POST /json.

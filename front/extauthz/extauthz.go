@@ -52,7 +52,8 @@
 // bytes, without decoding the rest (see readRequest), whenever it can tell
 // that proto.Unmarshal would decode them without an error; any other
 // request is decoded whole: a request's meaning is proto.Unmarshal's
-// either way.
+// either way. Its response, admitted or denied, is written to the wire as
+// proto.Marshal would encode it (appendOK, appendDenied).
 package extauthz
 
 import (
@@ -75,6 +76,7 @@ import (
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/front/grpcwire"
+	"github.com/authlimit/authlimit/internal/pbwire"
 	"github.com/authlimit/authlimit/rules"
 )
 
@@ -95,8 +97,8 @@ type Server struct {
 	engine  *decide.Engine
 	proxies rules.Proxies
 	sleep   func(context.Context, time.Duration)
-	scratch sync.Pool // *scratch
-	shape   *shape    // CheckRequest's, for readRequest
+	scratch sync.Pool     // *scratch
+	shape   *pbwire.Shape // CheckRequest's, for readRequest
 }
 
 // New validates opts and returns a Server.
@@ -108,7 +110,7 @@ func New(opts Options) (*Server, error) {
 		opts.Sleep = sleep
 	}
 	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep,
-		shape: newShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
+		shape: pbwire.NewShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
 }
@@ -189,13 +191,7 @@ func (s *Server) checkWire(ctx context.Context, b, out []byte) ([]byte, error) {
 	if o.Verdict.Admitted() {
 		return appendOK(out, o.Headers), nil
 	}
-	var resp *authv3.CheckResponse
-	resp, sc.values = response(o, sc.values[:0])
-	out, err = proto.MarshalOptions{}.MarshalAppend(out, resp)
-	if err != nil {
-		return out, status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
-	}
-	return out, nil
+	return appendDenied(out, o), nil
 }
 
 // fromMessage reads m into r.
@@ -237,8 +233,11 @@ func (s *Server) check(ctx context.Context, sc *scratch) (*decide.Outcome, error
 	// the guard counts an abandoned decision as a store failure, so a
 	// caller in a hurry (or one that gives up) would open the circuit for
 	// everyone, and a decision sent to the store may consume there
-	// whatever the caller does. The store's budget bounds it.
-	s.engine.Decide(context.WithoutCancel(ctx), &sc.in, &sc.out)
+	// whatever the caller does. The store's budget bounds it. A call's
+	// context ends when its client resets it (the shaping hold below
+	// watches that), so it is detached, without an allocation
+	// (grpcwire.WithoutCancel).
+	s.engine.Decide(grpcwire.WithoutCancel(ctx), &sc.in, &sc.out)
 	out := &sc.out
 	if out.Delay > 0 {
 		s.sleep(ctx, out.Delay)

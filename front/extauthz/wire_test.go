@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/internal/pbwire"
 )
 
 // envoyRequest is a Check as Envoy sends it, with the attributes Check
@@ -44,7 +45,7 @@ func TestReadRequestVouches(t *testing.T) {
 			t.Fatal(err)
 		}
 		var r request
-		if !readRequest(&r, b, newShape(checkRequestDesc)) {
+		if !readRequest(&r, b, pbwire.NewShape(checkRequestDesc)) {
 			t.Fatalf("raw %v: readRequest does not vouch for Envoy's request", raw)
 		}
 		if d := differs(b); d != "" {
@@ -99,7 +100,7 @@ func FuzzReadRequest(f *testing.F) {
 var checkRequestDesc = (&authv3.CheckRequest{}).ProtoReflect().Descriptor()
 
 // checkShape is CheckRequest's shape, for differs.
-var checkShape = newShape(checkRequestDesc)
+var checkShape = pbwire.NewShape(checkRequestDesc)
 
 // differs says how readRequest's reading of b differs from fromMessage's
 // of proto.Unmarshal's decoding, "" when it does not or does not vouch.
@@ -207,6 +208,37 @@ func TestAppendOK(t *testing.T) {
 		}
 		if got := appendOK([]byte("prefix"), hs); string(got) != "prefix"+string(want) {
 			t.Errorf("%d headers: appendOK = %x, proto.Marshal gives %x", n, got[len("prefix"):], want)
+		}
+	}
+}
+
+// TestAppendDenied: the denied response appendDenied writes is, byte for
+// byte, what proto.Marshal makes of the response Check answers, for every
+// verdict that is not admitted, any number of headers, with or without a
+// kind and a body.
+func TestAppendDenied(t *testing.T) {
+	names := []string{"RateLimit-Policy", "Retry-After", "", "X-RateLimit-Limit"}
+	for _, v := range []decide.Verdict{decide.Deny, decide.Invalid, decide.Blocked, decide.Unavailable, decide.Failed} {
+		for _, st := range []int{429, 503, 500, 400, 0} {
+			for _, kind := range []string{"rate-limited", ""} {
+				for _, body := range []string{`{"type":"urn:authlimit:rate-limited","title":"Too Many Requests","status":429}`, "", strings.Repeat("b", 300)} {
+					for n := range maxHeaders + 3 {
+						var hs []decide.Header
+						for i := range n {
+							hs = append(hs, decide.Header{Name: []byte(names[i%len(names)]), Value: []byte(strings.Repeat("v", i*30))})
+						}
+						out := &decide.Outcome{Verdict: v, Status: st, Kind: kind, Headers: hs, Body: []byte(body)}
+						resp, _ := response(out, nil)
+						want, err := proto.Marshal(resp)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if got := appendDenied([]byte("prefix"), out); string(got) != "prefix"+string(want) {
+							t.Fatalf("%v %d %q, %d headers, body %d: appendDenied = %x, proto.Marshal gives %x", v, st, kind, n, len(body), got[len("prefix"):], want)
+						}
+					}
+				}
+			}
 		}
 	}
 }

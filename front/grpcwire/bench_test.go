@@ -17,6 +17,8 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/authlimit/authlimit/internal/race"
 )
 
 // nullAuthz answers every Check OK, deciding nothing.
@@ -32,7 +34,7 @@ const checkPath = "/envoy.service.auth.v3.Authorization/Check"
 
 // benchCall is a Check as Envoy sends one: HEADERS and a DATA frame
 // ending the stream, whose stream ids are patched per call.
-func benchCall(b *testing.B) []byte {
+func benchCall(b testing.TB) []byte {
 	var block bytes.Buffer
 	enc := hpack.NewEncoder(&block)
 	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", checkPath}, {":authority", "authlimit"},
@@ -64,7 +66,7 @@ type benchConn struct {
 	unread int // response bytes not yet returned to the server's window
 }
 
-func dialBench(b *testing.B, addr string, call []byte) *benchConn {
+func dialBench(b testing.TB, addr string, call []byte) *benchConn {
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		b.Fatal(err)
@@ -84,7 +86,7 @@ func dialBench(b *testing.B, addr string, call []byte) *benchConn {
 }
 
 // do makes one call and reads its answer up to the trailers.
-func (bc *benchConn) do(b *testing.B) {
+func (bc *benchConn) do(b testing.TB) {
 	id := bc.id
 	bc.id += 2
 	for _, off := range []int{5, bc.data + 5} {
@@ -258,5 +260,34 @@ func respondCanned(c net.Conn) {
 			}
 			out = out[:0]
 		}
+	}
+}
+
+// TestUnaryCallAllocates bounds the allocations of a whole unary call
+// with a grpc-timeout, as Envoy sends one, to a handler that allocates
+// nothing, over loopback, the frame-level client's included (its reading
+// of the response's header frames). The server's are the stream and the
+// request's decoded header strings (never-indexed literals here; a field
+// from the dynamic table, as Envoy mostly sends, allocates none): the
+// call's context is part of its stream, and costs nothing until a handler
+// asks for Done (a context.WithTimeout per call made it 19).
+func TestUnaryCallAllocates(t *testing.T) {
+	if race.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	s := NewServer(Options{})
+	resp, err := proto.Marshal(&authv3.CheckResponse{Status: &rpcstatus.Status{}, HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := UnaryRaw(s, checkPath, func(_ context.Context, _, out []byte) ([]byte, error) { return append(out, resp...), nil }); err != nil {
+		t.Fatal(err)
+	}
+	bc := dialBench(t, serveLoopback(t, s), benchCall(t))
+	t.Cleanup(func() { _ = bc.c.Close() })
+	bc.do(t) // settle the SETTINGS exchange
+	got := testing.AllocsPerRun(200, func() { bc.do(t) })
+	if max := 15.0; got > max {
+		t.Errorf("a call allocates %v times, want at most %v", got, max)
 	}
 }

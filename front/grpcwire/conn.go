@@ -69,13 +69,11 @@ func putBuf(b *[]byte) {
 // conn is one served connection. Its reader (serve) owns the fields
 // marked reader; mu guards the rest.
 type conn struct {
-	srv    *Server
-	nc     net.Conn
-	br     *bufio.Reader
-	fr     *http2.Framer
-	dec    *hpack.Decoder
-	ctx    context.Context // the calls' parent, cancelled when the connection closes
-	cancel context.CancelFunc
+	srv *Server
+	nc  net.Conn
+	br  *bufio.Reader
+	fr  *http2.Framer
+	dec *hpack.Decoder
 
 	// reader
 	block      []byte // the header block being received
@@ -112,10 +110,9 @@ type conn struct {
 
 // stream is one call.
 type stream struct {
-	id     uint32
-	ctx    context.Context
-	cancel context.CancelFunc
-	m      *method
+	id  uint32
+	ctx callCtx // ended under mu
+	m   *method
 
 	// reader
 	req       *[]byte // the request's bytes as received
@@ -148,8 +145,7 @@ type reqHeaders struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &conn{srv: s, nc: nc, ctx: ctx, cancel: cancel, streams: map[uint32]*stream{},
+	c := &conn{srv: s, nc: nc, streams: map[uint32]*stream{},
 		sendWindow: defaultWindow, peerWindow: defaultWindow, maxFrame: readFrameSize}
 	c.flushed.L = &c.mu
 	c.br = bufio.NewReaderSize(deadlineReader{c}, 16<<10)
@@ -542,9 +538,7 @@ func (c *conn) resetStream(id uint32, code http2.ErrCode) {
 // returns.
 func (c *conn) dropLocked(s *stream) {
 	s.reset = true
-	if s.cancel != nil {
-		s.cancel()
-	}
+	s.ctx.endLocked(context.Canceled)
 	if s.out != nil {
 		putBuf(s.out)
 		s.out = nil
@@ -656,12 +650,14 @@ func (c *conn) headers() error {
 		}
 	}
 	s := &stream{id: id, m: m, req: getBuf(), counted: true}
+	s.ctx.c = c
 	if h.timeout != "" {
-		s.ctx, s.cancel = context.WithTimeout(c.ctx, timeout)
-	} else {
-		s.ctx, s.cancel = context.WithCancel(c.ctx)
+		s.ctx.deadline = time.Now().Add(timeout)
 	}
 	c.mu.Lock()
+	if c.closed {
+		s.ctx.endLocked(context.Canceled)
+	}
 	s.sendWindow = c.peerWindow
 	c.streams[id] = s
 	c.active++
@@ -857,7 +853,7 @@ func (c *conn) answerEarly(s *stream, st *status.Status, ended bool) {
 	putBuf(s.req)
 	s.req = nil
 	c.mu.Lock()
-	s.cancel()
+	s.ctx.endLocked(context.Canceled)
 	delete(c.streams, s.id)
 	c.wbuf = appendHeaderBlock(c.wbuf, s.id, appendStatus(nil, st, true, 200), true, c.maxFrame)
 	if !ended {
@@ -911,16 +907,16 @@ func (c *conn) run(s *stream) {
 		}
 	}()
 	if s.m.stream != nil {
-		c.respond(s, out, errStatus(s.m.stream(s.ctx, req, func(m proto.Message) error { return c.send(s, m) })))
+		c.respond(s, out, errStatus(s.m.stream(&s.ctx, req, func(m proto.Message) error { return c.send(s, m) })))
 		return
 	}
 	b := append((*out)[:0], 0, 0, 0, 0, 0)
-	b, err := s.m.unary(s.ctx, req, b)
+	b, err := s.m.unary(&s.ctx, req, b)
 	*out = b
 	switch {
 	case err != nil:
 		c.respond(s, out, errStatus(err))
-	case s.ctx.Err() == context.DeadlineExceeded:
+	case !s.ctx.deadline.IsZero() && s.ctx.Err() == context.DeadlineExceeded:
 		c.respond(s, out, status.New(codes.DeadlineExceeded, context.DeadlineExceeded.Error()))
 	default:
 		size := len(b) - 5
@@ -977,6 +973,8 @@ func (c *conn) respond(s *stream, out *[]byte, st *status.Status) {
 	s.req = nil
 	c.mu.Lock()
 	s.handling = false
+	// The call has ended: so has its context, as grpc-go ends it.
+	s.ctx.endLocked(context.Canceled)
 	if s.reset || c.closed {
 		putBuf(out)
 		c.finishLocked(s)
@@ -1174,6 +1172,9 @@ func (c *conn) closeNow(error) {
 		return
 	}
 	c.closed = true
+	for _, s := range c.streams {
+		s.ctx.endLocked(context.Canceled)
+	}
 	for _, s := range c.blocked {
 		if s.out != nil {
 			putBuf(s.out)
@@ -1182,6 +1183,5 @@ func (c *conn) closeNow(error) {
 	}
 	c.blocked = nil
 	c.mu.Unlock()
-	c.cancel()
 	_ = c.nc.Close()
 }

@@ -10,6 +10,12 @@
 // A response is written by the goroutine that produced it, under the
 // connection's lock: the frames of every response ready at that moment go
 // out in one write, and the header blocks of a response are prebuilt.
+//
+// A handler's context is part of its call's stream and costs nothing
+// until the handler asks for Done: it ends when the client resets the
+// call, when the connection closes, when the call's grpc-timeout passes
+// (its deadline), and when the call ends. It carries no values.
+// WithoutCancel detaches it without an allocation.
 package grpcwire
 
 import (

@@ -7,28 +7,37 @@ import (
 	"testing"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/internal/race"
 )
 
-// TestShouldRateLimitAllocates bounds the allocations of a call with one
-// descriptor on the memory store (the gRPC server's decoding and encoding
-// apart): the response, its messages allocated as one; the headers'
-// values, as one string; the decision's context. Translation, the
-// engine's decision and the store allocate nothing once a key exists.
+// TestShouldRateLimitAllocates bounds the allocations of a call on the
+// memory store. As front/grpcwire serves it (ShouldRateLimitWire: the
+// request read from its bytes, the response written to the wire), a call
+// allocates nothing, with one descriptor or several: translation, the
+// engine's decision and the store allocate nothing once a key exists, and
+// the decision's context is the call's, detached without an allocation
+// (grpcwire.WithoutCancel). ShouldRateLimit, given a decoded request,
+// allocates its response: one descriptor's messages as one, the headers'
+// values as one string.
 func TestShouldRateLimitAllocates(t *testing.T) {
 	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
-	e := start(t, memoryStore, benchConfig)
+	e := start(t, memoryStore, benchConfig+`  - key: other
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+`)
 	for _, tc := range []struct {
-		name string
-		req  *pb.RateLimitRequest
-		max  float64
+		name     string
+		req      *pb.RateLimitRequest
+		max      float64 // ShouldRateLimit's
+		statuses int     // with a current limit
 	}{
-		{"allowed", &pb.RateLimitRequest{Domain: "bench", Descriptors: []*rlDesc{desc("remote_address", "198.18.0.1")}}, 3},
-		{"no limit", &pb.RateLimitRequest{Domain: "bench", Descriptors: []*rlDesc{desc("other", "x")}}, 2},
+		{"allowed", &pb.RateLimitRequest{Domain: "bench", Descriptors: []*rlDesc{desc("remote_address", "198.18.0.1")}}, 2, 1},
+		{"two descriptors", &pb.RateLimitRequest{Domain: "bench", Descriptors: []*rlDesc{desc("remote_address", "198.18.0.1"), desc("other", "x")}}, 8, 2},
+		{"no limit", &pb.RateLimitRequest{Domain: "bench", Descriptors: []*rlDesc{desc("unknown", "x")}}, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
@@ -44,6 +53,33 @@ func TestShouldRateLimitAllocates(t *testing.T) {
 			}
 			if got > tc.max {
 				t.Errorf("ShouldRateLimit allocates %v times per call, want at most %v", got, tc.max)
+			}
+			b, err := proto.Marshal(tc.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []byte
+			got = testing.AllocsPerRun(100, func() {
+				out, err = e.svc.ShouldRateLimitWire(context.Background(), b, out[:0])
+			})
+			if err != nil {
+				t.Fatalf("ShouldRateLimitWire: %v", err)
+			}
+			var resp pb.RateLimitResponse
+			if err := proto.Unmarshal(out, &resp); err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, st := range resp.GetStatuses() {
+				if st.GetCurrentLimit() != nil {
+					n++
+				}
+			}
+			if resp.GetOverallCode() != pb.RateLimitResponse_OK || len(resp.GetStatuses()) != len(tc.req.GetDescriptors()) || n != tc.statuses {
+				t.Errorf("ShouldRateLimitWire = %v, want OK with %d current limits", &resp, tc.statuses)
+			}
+			if got > 0 {
+				t.Errorf("ShouldRateLimitWire allocates %v times per call, want none", got)
 			}
 		})
 	}

@@ -3,7 +3,6 @@ package rls
 import (
 	"fmt"
 
-	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -44,9 +43,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // count records how a request was answered.
-func (m *Metrics) count(resp *pb.RateLimitResponse, failedOpen bool, err error) {
+func (m *Metrics) count(a *answer, failedOpen bool, err error) {
 	switch {
-	case err == nil && resp.GetOverallCode() == pb.RateLimitResponse_OVER_LIMIT:
+	case err == nil && a.overLimit:
 		m.overLimit.Inc()
 	case err == nil && failedOpen:
 		m.failedOpen.Inc()

@@ -18,27 +18,36 @@
 // store is asked), or a denial the guard's deny cache answered for another
 // descriptor, which leaves the others' counts unread (and unchanged: a
 // denied request consumes nothing).
+//
+// Served on front/grpcwire (Register), ShouldRateLimit reads the fields it
+// uses from the request's bytes, without decoding the rest (see
+// readRequest), whenever it can tell that proto.Unmarshal would decode
+// them without an error, and any other request is decoded whole: a
+// request's meaning is proto.Unmarshal's either way. Its response is
+// written to the wire as proto.Marshal would encode it (appendResponse).
 package rls
 
 import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/front/grpcwire"
+	"github.com/authlimit/authlimit/internal/pbwire"
 )
 
 // Bounds on a request, beyond which it is refused with InvalidArgument
@@ -84,7 +93,8 @@ type Service struct {
 	overrides sync.Map // *envoyconf.Limit → *decide.Limit
 	metrics   *Metrics
 	clock     func() time.Time
-	scratch   sync.Pool // *scratch
+	scratch   sync.Pool     // *scratch
+	shape     *pbwire.Shape // RateLimitRequest's, for readRequest
 }
 
 // New returns a Service.
@@ -105,7 +115,8 @@ func New(opts Options) (*Service, error) {
 			return nil, err
 		}
 	}
-	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock}
+	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock,
+		shape: pbwire.NewShape((&pb.RateLimitRequest{}).ProtoReflect().Descriptor())}
 	for _, l := range opts.Config.Limits() {
 		if l.Policy != nil {
 			s.limits[l] = opts.Engine.NewLimit(l.Policy.Name(), l.Policy)
@@ -118,9 +129,11 @@ func New(opts Options) (*Service, error) {
 // ShouldRateLimitMethod is the full path of the method Service answers.
 const ShouldRateLimitMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
-// Register serves the service's ShouldRateLimit on g.
+// Register serves the service's ShouldRateLimit on g, reading each
+// request from its bytes and writing its response to the wire (see
+// ShouldRateLimitWire).
 func (s *Service) Register(g *grpcwire.Server) error {
-	return grpcwire.Unary(g, ShouldRateLimitMethod, s.ShouldRateLimit)
+	return grpcwire.UnaryRaw(g, ShouldRateLimitMethod, s.ShouldRateLimitWire)
 }
 
 // Close ends the service's life: its configured limits are released from
@@ -160,52 +173,86 @@ type applied struct {
 
 // scratch is the memory one request works in, pooled.
 type scratch struct {
-	apps    []applied
-	reqs    []decide.LimitRequest
-	spans   []span // reqs[i].Key is keys[spans[i]]
-	keys    []byte
-	entries []envoyconf.Entry
-	values  []byte // the response headers' values, while they are copied
-	out     decide.Outcome
+	req    request
+	apps   []applied
+	reqs   []decide.LimitRequest
+	spans  []span // reqs[i].Key is keys[spans[i]]
+	keys   []byte
+	values []byte // the response headers' values, while they are copied
+	out    decide.Outcome
+	ans    answer
 }
 
 type span struct{ from, to int }
 
 func (sc *scratch) reset() {
-	sc.apps, sc.reqs, sc.spans, sc.keys, sc.entries = sc.apps[:0], sc.reqs[:0], sc.spans[:0], sc.keys[:0], sc.entries[:0]
+	sc.apps, sc.reqs, sc.spans, sc.keys = sc.apps[:0], sc.reqs[:0], sc.spans[:0], sc.keys[:0]
+	sc.ans = answer{statuses: sc.ans.statuses[:0]}
 }
 
 // release pools sc without the request's strings and limits.
 func (s *Service) release(sc *scratch) {
-	clear(sc.entries[:cap(sc.entries)])
+	sc.req.reset()
 	clear(sc.apps[:cap(sc.apps)])
 	clear(sc.reqs[:cap(sc.reqs)])
+	clear(sc.ans.statuses[:cap(sc.ans.statuses)])
+	sc.ans.headers = nil
 	s.scratch.Put(sc)
 }
 
 // ShouldRateLimit decides a request's descriptors, all or nothing.
 func (s *Service) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
-	resp, failedOpen, err := s.decide(ctx, r)
-	s.metrics.count(resp, failedOpen, err)
-	return resp, err
-}
-
-// decide answers r; failedOpen reports an answer of the fail mode.
-func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (resp *pb.RateLimitResponse, failedOpen bool, err error) {
-	switch {
-	case r.GetDomain() == "":
-		return nil, false, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
-	case len(r.GetDescriptors()) == 0:
-		return nil, false, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
-	case len(r.GetDescriptors()) > MaxDescriptors:
-		return nil, false, status.Errorf(codes.InvalidArgument, "%d descriptors; the most is %d", len(r.GetDescriptors()), MaxDescriptors)
-	}
-	now := s.clock()
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
+	fromMessage(&sc.req, r)
+	failedOpen, err := s.decide(ctx, sc)
+	s.metrics.count(&sc.ans, failedOpen, err)
+	if err != nil {
+		return nil, err
+	}
+	var resp *pb.RateLimitResponse
+	resp, sc.values = message(&sc.ans, sc.values[:0])
+	return resp, nil
+}
+
+// ShouldRateLimitWire decides the request encoded in b and appends its
+// encoded response to out, as ShouldRateLimit answers the decoded request
+// and proto.Marshal encodes its response. A request readRequest cannot
+// vouch for is decoded whole, as grpcwire.Unary would decode it.
+func (s *Service) ShouldRateLimitWire(ctx context.Context, b, out []byte) ([]byte, error) {
+	sc := s.scratch.Get().(*scratch)
+	defer s.release(sc)
+	if !readRequest(&sc.req, b, s.shape) {
+		var m pb.RateLimitRequest
+		if err := proto.Unmarshal(b, &m); err != nil {
+			return out, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+		}
+		fromMessage(&sc.req, &m)
+	}
+	failedOpen, err := s.decide(ctx, sc)
+	s.metrics.count(&sc.ans, failedOpen, err)
+	if err != nil {
+		return out, err
+	}
+	return appendResponse(out, &sc.ans), nil
+}
+
+// decide answers sc.req into sc.ans; failedOpen reports an answer of the
+// fail mode.
+func (s *Service) decide(ctx context.Context, sc *scratch) (failedOpen bool, err error) {
+	r := &sc.req
+	switch {
+	case r.domain == "":
+		return false, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	case r.ndesc == 0:
+		return false, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	case r.ndesc > MaxDescriptors:
+		return false, status.Errorf(codes.InvalidArgument, "%d descriptors; the most is %d", r.ndesc, MaxDescriptors)
+	}
+	now := s.clock()
 	sc.reset()
 	if err := s.translate(r, sc); err != nil {
-		return nil, false, err
+		return false, err
 	}
 	denyAll := false // an enforcing limit of 0 per unit denies the request
 	for _, a := range sc.apps {
@@ -213,7 +260,8 @@ func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (resp *pb.
 	}
 	if denyAll {
 		// Denied whatever the store says: nothing is asked or counted.
-		return s.respond(r, sc, nil, now), false, nil
+		s.respond(r, sc, nil, now)
+		return false, nil
 	}
 	for i, sp := range sc.spans {
 		sc.reqs[i].Key = sc.keys[sp.from:sp.to]
@@ -221,50 +269,55 @@ func (s *Service) decide(ctx context.Context, r *pb.RateLimitRequest) (resp *pb.
 	// The caller's deadline does not bound the decision: the store's own
 	// budget does. A caller choosing a deadline too short for any store
 	// would otherwise count as the store failing, and could open the
-	// circuit for everyone.
+	// circuit for everyone; a caller that goes away must not abandon a
+	// decision half-way. grpcwire.WithoutCancel detaches a call's context
+	// without an allocation (its Done closes when the client resets the
+	// call, which the decision must not see).
 	out := &sc.out
-	s.engine.DecideLimits(context.WithoutCancel(ctx), sc.reqs, out)
+	s.engine.DecideLimits(grpcwire.WithoutCancel(ctx), sc.reqs, out)
 	switch out.Verdict {
 	case decide.Allow, decide.Deny, decide.Unmatched:
-		return s.respond(r, sc, out, now), false, nil
+		s.respond(r, sc, out, now)
+		return false, nil
 	case decide.FailedOpen:
-		return openResponse(r, sc.apps), true, nil
+		openResponse(r, sc)
+		return true, nil
 	case decide.Unavailable:
-		return nil, false, status.Error(codes.Unavailable, "the rate-limit store could not decide; retry shortly")
+		return false, status.Error(codes.Unavailable, "the rate-limit store could not decide; retry shortly")
 	case decide.Invalid:
-		return nil, false, status.Error(codes.InvalidArgument, out.Detail)
+		return false, status.Error(codes.InvalidArgument, out.Detail)
 	}
-	return nil, false, status.Error(codes.Internal, "the decision failed")
+	return false, status.Error(codes.Internal, "the decision failed")
 }
 
 // translate finds the limits that apply to each descriptor of r, with
 // their keys and costs, into sc: sc.apps, and sc.reqs for those the engine
 // decides. A limit named in another's replaces is dropped, as in
 // envoyproxy/ratelimit: not decided, not counted.
-func (s *Service) translate(r *pb.RateLimitRequest, sc *scratch) error {
+func (s *Service) translate(r *request, sc *scratch) error {
 	var replaced map[string]bool // made by the first replaces
-	for i, d := range r.GetDescriptors() {
-		if d == nil {
+	for i := range r.descs {
+		d := &r.descs[i]
+		if d.null {
 			return status.Errorf(codes.InvalidArgument, "descriptor %d is null", i)
 		}
-		if len(d.GetEntries()) > MaxEntries {
-			return status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries; the most is %d", i, len(d.GetEntries()), MaxEntries)
+		if d.nentries > MaxEntries {
+			return status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries; the most is %d", i, d.nentries, MaxEntries)
 		}
-		sc.entries = sc.entries[:0]
-		for _, e := range d.GetEntries() {
-			sc.entries = append(sc.entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
-		}
+		entries := r.entries[d.from:d.to]
 		from := len(sc.keys)
 		var limits []*envoyconf.Limit
-		if o := d.GetLimit(); o != nil && s.config.HasDomain(r.GetDomain()) {
-			l, err := s.config.Override(o.GetRequestsPerUnit(), envoyconf.Unit(o.GetUnit()))
+		var override [1]*envoyconf.Limit
+		if d.override && s.config.HasDomain(r.domain) {
+			l, err := s.config.Override(d.rpu, envoyconf.Unit(d.unit))
 			if err != nil {
 				return status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 			}
-			limits = []*envoyconf.Limit{l}
-			sc.keys = envoyconf.AppendOverrideKey(sc.keys, r.GetDomain(), sc.entries, l)
+			override[0] = l
+			limits = override[:]
+			sc.keys = envoyconf.AppendOverrideKey(sc.keys, r.domain, entries, l)
 		} else {
-			limits, sc.keys = s.config.Match(r.GetDomain(), sc.entries, sc.keys)
+			limits, sc.keys = s.config.Match(r.domain, entries, sc.keys)
 		}
 		cost := requestCost(r, d)
 		for _, l := range limits {
@@ -317,85 +370,113 @@ func (s *Service) translate(r *pb.RateLimitRequest, sc *scratch) error {
 // requestCost is what a descriptor adds: its own hits_addend, else the
 // request's, else 1, as in envoyproxy/ratelimit; at most algo.MaxLimit,
 // which is more than any limit admits.
-func requestCost(r *pb.RateLimitRequest, d *rlpb.RateLimitDescriptor) int64 {
+func requestCost(r *request, d *descriptor) int64 {
 	var n uint64 = 1
-	if h := d.GetHitsAddend(); h != nil {
-		n = h.GetValue()
-	} else if r.GetHitsAddend() > 0 {
-		n = uint64(r.GetHitsAddend())
+	if d.addend {
+		n = d.hits
+	} else if r.hits > 0 {
+		n = uint64(r.hits)
 	}
 	return int64(min(n, algo.MaxLimit))
 }
 
-// respond answers a decision (out), or a denial by a limit of 0 (out nil):
-// one status per descriptor, in order, and the engine's rate-limit
-// headers.
-func (s *Service) respond(r *pb.RateLimitRequest, sc *scratch, out *decide.Outcome, now time.Time) *pb.RateLimitResponse {
-	rp := newReply(len(r.GetDescriptors()))
-	resp := &rp.resp
+// respond answers a decision (out), or a denial by a limit of 0 (out nil),
+// into sc.ans: one status per descriptor, in order, and the engine's
+// rate-limit headers.
+func (s *Service) respond(r *request, sc *scratch, out *decide.Outcome, now time.Time) {
+	a := &sc.ans
+	a.statuses = slices.Grow(a.statuses[:0], r.ndesc)[:r.ndesc]
+	clear(a.statuses)
 	var res []decide.Result
 	if out != nil {
 		res = out.Results
 	}
 	// best[i] is the application that describes descriptor i.
 	var bestBuf [MaxDescriptors]int
-	best := bestBuf[:len(resp.Statuses)]
+	best := bestBuf[:r.ndesc]
 	for i := range best {
 		best[i] = -1
 	}
-	for i, a := range sc.apps {
-		if b := best[a.desc]; b < 0 || s.rank(a, res) < s.rank(sc.apps[b], res) {
-			best[a.desc] = i
+	for i, ap := range sc.apps {
+		if b := best[ap.desc]; b < 0 || s.rank(ap, res) < s.rank(sc.apps[b], res) {
+			best[ap.desc] = i
 		}
 	}
-	for i, st := range resp.Statuses {
+	for i := range a.statuses {
+		st := &a.statuses[i]
 		b := best[i]
 		if b < 0 {
 			continue // no limit: OK, as envoyproxy/ratelimit answers
 		}
-		a := sc.apps[b]
-		l := a.limit
+		ap := sc.apps[b]
+		l := ap.limit
 		switch {
 		case l.Unlimited:
-			st.LimitRemaining = math.MaxUint32
+			st.remaining = math.MaxUint32
 			continue
 		case l.DeniesAll():
-			st.CurrentLimit = rp.currentLimit(l)
-			st.DurationUntilReset = rp.duration(untilWindowEnd(l.Unit, now))
-			if !l.Shadow && !s.engine.Shadow() {
-				st.Code = pb.RateLimitResponse_OVER_LIMIT
-			}
+			st.limit = l
+			st.hasReset, st.reset = true, untilWindowEnd(l.Unit, now)
+			st.overLimit = !l.Shadow && !s.engine.Shadow()
 			continue
-		case a.req < 0 || res == nil || res[a.req].NotDecided:
+		case ap.req < 0 || res == nil || res[ap.req].NotDecided:
 			// Not decided: see the package's documentation.
 			continue
 		}
-		q := res[a.req]
-		st.CurrentLimit = rp.currentLimit(l)
-		st.LimitRemaining = uint32(min(q.Remaining, math.MaxUint32))
+		q := res[ap.req]
+		st.limit = l
+		st.remaining = uint32(min(q.Remaining, math.MaxUint32))
 		reset := q.ResetAfter
 		if !q.Allowed && q.RetryAfter > reset {
 			reset = q.RetryAfter
 		}
-		st.DurationUntilReset = rp.duration(reset.Round(time.Second))
-		if !q.Allowed && !q.Shadow {
-			st.Code = pb.RateLimitResponse_OVER_LIMIT
-		}
+		st.hasReset, st.reset = true, reset.Round(time.Second)
+		st.overLimit = !q.Allowed && !q.Shadow
 	}
-	for _, st := range resp.Statuses {
-		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
-			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
-		}
+	for _, st := range a.statuses {
+		a.overLimit = a.overLimit || st.overLimit
 	}
 	if out == nil {
-		return resp
+		return
 	}
 	if !out.Verdict.Admitted() {
 		// A denial has a denying enforcing limit, whose status says so.
-		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+		a.overLimit = true
 	}
-	sc.values = rp.setHeaders(out.Headers, sc.values[:0])
-	return resp
+	a.headers = out.Headers
+}
+
+// openResponse answers when the store cannot decide and the fail mode
+// admits, into sc.ans: OK for every descriptor, without counts.
+func openResponse(r *request, sc *scratch) {
+	a := &sc.ans
+	a.statuses = slices.Grow(a.statuses[:0], r.ndesc)[:r.ndesc]
+	clear(a.statuses)
+	for _, ap := range sc.apps {
+		if ap.limit.Unlimited {
+			a.statuses[ap.desc].remaining = math.MaxUint32
+		}
+	}
+}
+
+// message is a as a RateLimitResponse. The headers' values become one
+// string, built by appending to buf (returned for reuse).
+func message(a *answer, buf []byte) (*pb.RateLimitResponse, []byte) {
+	rp := newReply(len(a.statuses))
+	resp := &rp.resp
+	resp.OverallCode = code(a.overLimit)
+	for i, st := range resp.Statuses {
+		x := &a.statuses[i]
+		st.Code = code(x.overLimit)
+		st.LimitRemaining = x.remaining
+		if x.limit != nil {
+			st.CurrentLimit = rp.currentLimit(x.limit)
+		}
+		if x.hasReset {
+			st.DurationUntilReset = rp.duration(x.reset)
+		}
+	}
+	return resp, rp.setHeaders(a.headers, buf)
 }
 
 // reply is a response with the messages it points to, allocated as one:
@@ -501,16 +582,4 @@ func (s *Service) rank(a applied, res []decide.Result) int64 {
 func untilWindowEnd(u envoyconf.Unit, now time.Time) time.Duration {
 	w := int64(u.Window() / time.Second)
 	return time.Duration(w-now.Unix()%w) * time.Second
-}
-
-// openResponse answers when the store cannot decide and the fail mode
-// admits: OK for every descriptor, without counts.
-func openResponse(r *pb.RateLimitRequest, apps []applied) *pb.RateLimitResponse {
-	rp := newReply(len(r.GetDescriptors()))
-	for _, a := range apps {
-		if a.limit.Unlimited {
-			rp.resp.Statuses[a.desc].LimitRemaining = math.MaxUint32
-		}
-	}
-	return &rp.resp
 }
