@@ -231,17 +231,7 @@ func TestConnectionFloodNeverEndsTheProcess(t *testing.T) {
 		}
 		// Accepts resume after at most a second's wait; a new
 		// connection may first be one the backlog held and closed.
-		waitFor(t, "a new connection served after the flood", func() bool {
-			nc, err := net.DialTimeout("tcp", c.addr, time.Second)
-			if err != nil {
-				return false
-			}
-			defer nc.Close()
-			_ = nc.SetDeadline(time.Now().Add(2 * time.Second))
-			fmt.Fprintf(nc, "GET /healthz HTTP/1.1\r\nHost: authlimit\r\n\r\n")
-			r, err := http.ReadResponse(bufio.NewReader(nc), nil)
-			return err == nil && r.StatusCode == 200
-		})
+		waitFor(t, "a new connection served after the flood", c.servesNewConnection)
 		c.alive(t)
 	})
 	t.Run("soft limit raised", func(t *testing.T) {
@@ -302,15 +292,19 @@ func TestConnectionCapSharedWithGRPC(t *testing.T) {
 	}
 	// The server sees the flood's connections close a moment later: until
 	// then a new connection may still be refused.
-	waitFor(t, "a decision connection served once the gRPC flood ended", func() bool {
-		nc, err := net.DialTimeout("tcp", c.addr, time.Second)
-		if err != nil {
-			return false
-		}
-		defer nc.Close()
-		_ = nc.SetDeadline(time.Now().Add(2 * time.Second))
-		fmt.Fprintf(nc, "GET /healthz HTTP/1.1\r\nHost: authlimit\r\n\r\n")
-		r, err := http.ReadResponse(bufio.NewReader(nc), nil)
-		return err == nil && r.StatusCode == 200
-	})
+	waitFor(t, "a decision connection served once the gRPC flood ended", c.servesNewConnection)
+}
+
+// servesNewConnection reports whether a new connection gets /healthz
+// answered 200.
+func (c *child) servesNewConnection() bool {
+	nc, err := net.DialTimeout("tcp", c.addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(nc, "GET /healthz HTTP/1.1\r\nHost: authlimit\r\n\r\n")
+	r, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	return err == nil && r.StatusCode == 200
 }
