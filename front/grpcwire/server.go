@@ -144,8 +144,13 @@ type Server struct {
 	stopped   bool
 	draining  chan struct{} // closed by GracefulStop and Stop
 	connsDone sync.WaitGroup
-	// calls hands a call to a worker waiting for one (see start).
-	calls chan pending
+	// The workers waiting for a call (see start): the last to become
+	// idle on top.
+	wmu        sync.Mutex
+	idle       []*worker
+	gen        uint64 // reap's runs
+	reaping    bool   // reap is due
+	workerIdle time.Duration
 }
 
 // pending is a call for a worker to run.
@@ -154,41 +159,83 @@ type pending struct {
 	s *stream
 }
 
-// workerIdle is how long a worker waits for its next call before it ends.
+// workerIdle is how long a worker waits for its next call before it ends:
+// at least that, at most twice.
 const workerIdle = 10 * time.Second
 
-// start runs a call on a worker waiting for one, or on a new one. A
-// worker's stack has grown to what handlers need (decoding a request
-// message takes several kilobytes): a new goroutine per call would grow
-// its stack each time, a tenth of a small call's cost.
-func (s *Server) start(c *conn, st *stream) {
-	select {
-	case s.calls <- pending{c, st}:
-	default:
-		go s.work(pending{c, st})
-	}
+// worker runs calls one after another on its goroutine.
+type worker struct {
+	next chan pending // one call at a time; closed to end the worker
+	gen  uint64       // s.gen when it last became idle; under s.wmu
 }
 
-// work runs calls until none came for workerIdle.
-func (s *Server) work(next pending) {
-	t := time.NewTimer(workerIdle)
-	defer t.Stop()
+// start runs a call on the worker that became idle last, or on a new one.
+// A worker's stack has grown to what handlers need (decoding a request
+// message takes several kilobytes): a new goroutine per call would grow
+// its stack each time, a tenth of a small call's cost. The last idle
+// worker is the one whose stack and data are still in the CPU's caches;
+// a channel shared by the idle workers would hand the call to the one idle
+// longest.
+func (s *Server) start(c *conn, st *stream) {
+	s.wmu.Lock()
+	if n := len(s.idle); n > 0 {
+		w := s.idle[n-1]
+		s.idle[n-1] = nil
+		s.idle = s.idle[:n-1]
+		s.wmu.Unlock()
+		w.next <- pending{c, st}
+		return
+	}
+	s.wmu.Unlock()
+	go s.work(&worker{next: make(chan pending, 1)}, pending{c, st})
+}
+
+// work runs p, then the calls start hands it, until reap ends it.
+func (s *Server) work(w *worker, p pending) {
 	for {
-		next.c.run(next.s)
-		t.Reset(workerIdle)
-		select {
-		case next = <-s.calls:
-		case <-t.C:
+		p.c.run(p.s)
+		s.wmu.Lock()
+		w.gen = s.gen
+		s.idle = append(s.idle, w)
+		if !s.reaping {
+			s.reaping = true
+			time.AfterFunc(s.workerIdle, s.reap)
+		}
+		s.wmu.Unlock()
+		var ok bool
+		if p, ok = <-w.next; !ok {
 			return
 		}
 	}
+}
+
+// reap runs every workerIdle while workers are idle, and ends those that
+// were already idle at its previous run. The idle stack holds the longest
+// idle at its bottom.
+func (s *Server) reap() {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.gen++
+	stale := 0
+	for stale < len(s.idle) && s.idle[stale].gen+2 <= s.gen {
+		close(s.idle[stale].next)
+		stale++
+	}
+	n := copy(s.idle, s.idle[stale:])
+	clear(s.idle[n:])
+	s.idle = s.idle[:n]
+	if len(s.idle) == 0 {
+		s.reaping = false
+		return
+	}
+	time.AfterFunc(s.workerIdle, s.reap)
 }
 
 // NewServer returns a server with no method yet.
 func NewServer(opts Options) *Server {
 	opts.fill()
 	return &Server{opts: opts, methods: map[string]*method{}, services: map[string]bool{},
-		listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, draining: make(chan struct{}), calls: make(chan pending)}
+		listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, draining: make(chan struct{}), workerIdle: workerIdle}
 }
 
 // register adds m under path, "/package.Service/Method".
