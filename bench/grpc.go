@@ -262,17 +262,18 @@ func startEnvoyRatelimit(ctx context.Context, e *runEnv) (*instance, error) {
 // grpcNull answers every ShouldRateLimit with OK and every Check with an
 // ok_response, deciding nothing: the floor of any gRPC answer of
 // authlimit's own gRPC server, as the null server is of any HTTP answer.
-type grpcNull struct{}
-
-func (grpcNull) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+// grpcNullAnswers are grpc-null's answers, encoded once: it neither decodes
+// a request nor encodes an answer per call.
+func grpcNullAnswers() (rls, check []byte, err error) {
+	rls, err = proto.Marshal(&rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK})
+	if err != nil {
+		return nil, nil, err
+	}
+	check, err = proto.Marshal(&authv3.CheckResponse{Status: &rpcstatus.Status{}, HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{}}})
+	return rls, check, err
 }
 
-func (grpcNull) Check(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
-	return &authv3.CheckResponse{Status: &rpcstatus.Status{}, HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{}}}, nil
-}
-
-// serveGRPCNull serves grpcNull until ctx ends.
+// serveGRPCNull serves grpc-null until ctx ends.
 func serveGRPCNull(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve-grpc-null", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -287,15 +288,21 @@ func serveGRPCNull(ctx context.Context, args []string, stderr io.Writer) error {
 	return serveGRPCNullOn(ctx, l)
 }
 
-// serveGRPCNullOn serves grpcNull on l until ctx ends, on the server
+// serveGRPCNullOn serves grpc-null on l until ctx ends, on the server
 // authlimit serves gRPC with.
 func serveGRPCNullOn(ctx context.Context, l net.Listener) error {
 	g := grpcwire.NewServer(grpcwire.Options{})
-	var n grpcNull
-	if err := grpcwire.Unary(g, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", n.ShouldRateLimit); err != nil {
+	rls, check, err := grpcNullAnswers()
+	if err != nil {
 		return err
 	}
-	if err := grpcwire.Unary(g, "/envoy.service.auth.v3.Authorization/Check", n.Check); err != nil {
+	answer := func(b []byte) func(context.Context, []byte, []byte) ([]byte, error) {
+		return func(_ context.Context, _, out []byte) ([]byte, error) { return append(out, b...), nil }
+	}
+	if err := grpcwire.UnaryRaw(g, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", answer(rls)); err != nil {
+		return err
+	}
+	if err := grpcwire.UnaryRaw(g, "/envoy.service.auth.v3.Authorization/Check", answer(check)); err != nil {
 		return err
 	}
 	served := make(chan error, 1)
