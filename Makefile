@@ -42,7 +42,7 @@ e2e:
 
 # bench builds authlimit and the harness in bench/, runs every system under
 # every workload at 1, 4, 16, 50 and 500 connections (3 rounds, systems
-# alternated; about 45 minutes), measures
+# alternated; about an hour and a half: 24 systems, two workloads), measures
 # Redis memory per key, runs the Go micro-benchmarks (go test -bench) and
 # writes bench/RESULTS.md. BENCHFLAGS passes flags (bin/bench -help), e.g. a
 # quick check: make bench BENCHFLAGS='-rounds 1 -duration 1s -warmup 200ms
