@@ -4,9 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -56,7 +54,7 @@ func BenchmarkCheck(b *testing.B) {
 				b.ReportAllocs()
 				var out []byte
 				i := 0
-				defer redisCPU(b, be.redis)()
+				defer be.redis.ReportScripts(b)()
 				for b.Loop() {
 					var err error
 					if out, err = st.server.checkWire(context.Background(), reqs[i%len(reqs)], out[:0]); err != nil {
@@ -96,7 +94,7 @@ func BenchmarkCheck(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				defer processCPU(b)()
+				defer redistest.ReportProcessCPU(b)()
 				var next atomic.Int64
 				b.SetParallelism(25)
 				b.RunParallel(func(p *testing.PB) {
@@ -117,36 +115,4 @@ func benchAddress(ip string, port uint32) *corev3.Address {
 	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
 		Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
 	}}}
-}
-
-// redisCPU reports, once b's loop is done, Redis's scripts per call and
-// their CPU per call (microseconds, the commands they call included).
-func redisCPU(b *testing.B, srv *redistest.Server) func() {
-	b.Helper()
-	if srv == nil {
-		return func() {}
-	}
-	calls0, usec0 := srv.ScriptStats(b)
-	return func() {
-		calls, usec := srv.ScriptStats(b)
-		b.ReportMetric(float64(usec-usec0)/float64(b.N), "redis-µs/op")
-		b.ReportMetric(float64(calls-calls0)/float64(b.N), "scripts/op")
-	}
-}
-
-// processCPU reports, once b's loop is done, the process's CPU time per
-// call: the client's and the server's (and the memory store's) together.
-func processCPU(b *testing.B) func() {
-	var start syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &start); err != nil {
-		b.Fatal(err)
-	}
-	return func() {
-		var end syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &end); err != nil {
-			b.Fatal(err)
-		}
-		used := time.Duration(end.Utime.Nano()+end.Stime.Nano()-start.Utime.Nano()-start.Stime.Nano()) * time.Nanosecond
-		b.ReportMetric(float64(used.Microseconds())/float64(b.N), "cpu-µs/op")
-	}
 }

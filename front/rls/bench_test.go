@@ -4,9 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -57,7 +55,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 				b.ReportAllocs()
 				var out []byte
 				i := 0
-				defer redisCPU(b, e.redis)()
+				defer e.redis.ReportScripts(b)()
 				for b.Loop() {
 					var err error
 					if out, err = e.svc.ShouldRateLimitWire(context.Background(), reqs[i%len(reqs)], out[:0]); err != nil {
@@ -66,15 +64,15 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 					i++
 				}
 			})
+			msgs := make([]*pb.RateLimitRequest, len(reqs))
+			for i, m := range reqs {
+				msgs[i] = new(pb.RateLimitRequest)
+				if err := proto.Unmarshal(m, msgs[i]); err != nil {
+					b.Fatal(err)
+				}
+			}
 			b.Run("grpc", func(b *testing.B) {
 				b.ReportAllocs()
-				msgs := make([]*pb.RateLimitRequest, len(reqs))
-				for i, m := range reqs {
-					msgs[i] = new(pb.RateLimitRequest)
-					if err := proto.Unmarshal(m, msgs[i]); err != nil {
-						b.Fatal(err)
-					}
-				}
 				i := 0
 				for b.Loop() {
 					resp, err := e.client.ShouldRateLimit(context.Background(), msgs[i%len(msgs)])
@@ -86,14 +84,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			})
 			b.Run("grpc-parallel", func(b *testing.B) {
 				b.ReportAllocs()
-				msgs := make([]*pb.RateLimitRequest, len(reqs))
-				for i, m := range reqs {
-					msgs[i] = new(pb.RateLimitRequest)
-					if err := proto.Unmarshal(m, msgs[i]); err != nil {
-						b.Fatal(err)
-					}
-				}
-				defer processCPU(b)()
+				defer redistest.ReportProcessCPU(b)()
 				var next atomic.Int64
 				b.SetParallelism(25)
 				b.RunParallel(func(p *testing.PB) {
@@ -107,37 +98,5 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 				})
 			})
 		})
-	}
-}
-
-// redisCPU reports, once b's loop is done, Redis's scripts per call and
-// their CPU per call (microseconds, the commands they call included).
-func redisCPU(b *testing.B, srv *redistest.Server) func() {
-	b.Helper()
-	if srv == nil {
-		return func() {}
-	}
-	calls0, usec0 := srv.ScriptStats(b)
-	return func() {
-		calls, usec := srv.ScriptStats(b)
-		b.ReportMetric(float64(usec-usec0)/float64(b.N), "redis-µs/op")
-		b.ReportMetric(float64(calls-calls0)/float64(b.N), "scripts/op")
-	}
-}
-
-// processCPU reports, once b's loop is done, the process's CPU time per
-// call: the client's and the server's (and the memory store's) together.
-func processCPU(b *testing.B) func() {
-	var start syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &start); err != nil {
-		b.Fatal(err)
-	}
-	return func() {
-		var end syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &end); err != nil {
-			b.Fatal(err)
-		}
-		used := time.Duration(end.Utime.Nano()+end.Stime.Nano()-start.Utime.Nano()-start.Stime.Nano()) * time.Nanosecond
-		b.ReportMetric(float64(used.Microseconds())/float64(b.N), "cpu-µs/op")
 	}
 }
