@@ -275,6 +275,11 @@ func TestConnectionCapSharedWithGRPC(t *testing.T) {
 	waitFor(t, "gRPC connections beyond the shared cap refused and counted", func() bool {
 		return p.metric(t, "authlimit_connections_rejected_total") >= float64(n-(capped-1))
 	})
+	// The gRPC listener counts the connections it kept, not those it
+	// closed at once.
+	if got, want := p.metric(t, "authlimit_grpc_connections_accepted_total"), float64(capped-1); got != want {
+		t.Errorf("authlimit_grpc_connections_accepted_total = %v, want %v", got, want)
+	}
 	// Every place is taken now: a new connection to the decision
 	// listener is closed at once.
 	nc, err := net.DialTimeout("tcp", c.addr, 5*time.Second)

@@ -113,7 +113,7 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
 	}
-	f := &grpcFront{server: newGRPCServer(a.connCap, a.log), health: grpcwire.NewHealth(), listener: l,
+	f := &grpcFront{server: newGRPCServer(a.connCap, a.conns.grpcAccepted, a.log), health: grpcwire.NewHealth(), listener: l,
 		stopWatch: make(chan struct{}), watched: make(chan struct{})}
 	if err := a.registerServices(f.server, f.health, s); err != nil {
 		_ = l.Close()
@@ -127,11 +127,13 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 }
 
 // newGRPCServer is authlimit's gRPC server: h2c, the connection cap it
-// shares with the decision listener, and its timeouts (a Check held by a shaping rule
-// is answered within the write timeout).
-func newGRPCServer(conns *conncap.Cap, log *slog.Logger) *grpcwire.Server {
+// shares with the decision listener, the count of its connections, and its
+// timeouts (a Check held by a shaping rule is answered within the write
+// timeout).
+func newGRPCServer(conns *conncap.Cap, accepted prometheus.Counter, log *slog.Logger) *grpcwire.Server {
 	return grpcwire.NewServer(grpcwire.Options{
 		Conns:        conns,
+		Accepted:     accepted.Inc,
 		IdleTimeout:  serverTimeouts.idle,
 		WriteTimeout: serverTimeouts.write,
 		Log:          log,

@@ -48,6 +48,7 @@ type listenerConfig struct {
 // connMetrics count what the decision listener does with connections.
 type connMetrics struct {
 	accepted     prometheus.Counter // accepted and served
+	grpcAccepted prometheus.Counter // accepted and served by the gRPC listener
 	rejected     prometheus.Counter // closed at once: the cap was reached (counted by the cap, on either listener)
 	acceptErrors prometheus.Counter // failed accepts, each followed by a wait
 }

@@ -264,6 +264,10 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 			Name: "authlimit_connections_accepted_total",
 			Help: "Connections the decision listener accepted. Behind a proxy that keeps connections alive it grows far slower than authlimit_requests_total.",
 		}),
+		grpcAccepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "authlimit_grpc_connections_accepted_total",
+			Help: "Connections the gRPC listener (AUTHLIMIT_GRPC_LISTEN) accepted. Envoy keeps a few per worker thread alive: a count that grows with the calls means something in between does not.",
+		}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "authlimit_connections_rejected_total",
 			Help: "Connections closed at once because AUTHLIMIT_MAX_CONNS connections were open, on the decision and the gRPC listener together.",
@@ -273,7 +277,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 			Help: "Failed accepts (such as no file descriptor free), each followed by a wait of 5 ms to 1 s before accepting again.",
 		}),
 	}
-	reg.MustRegister(a.conns.accepted, a.conns.rejected, a.conns.acceptErrors)
+	reg.MustRegister(a.conns.accepted, a.conns.grpcAccepted, a.conns.rejected, a.conns.acceptErrors)
 	a.connCap = conncap.New(s.maxConns, a.conns.rejected.Inc)
 	var policies []*algo.Policy
 	for _, r := range s.rules {

@@ -70,6 +70,9 @@ type Options struct {
 	// shared with other listeners: a connection beyond it is closed at
 	// once (and reported by the cap).
 	Conns *conncap.Cap
+	// Accepted, if set, is called for each connection the server keeps
+	// (not for those closed at once beyond the cap).
+	Accepted func()
 	// PrefaceTimeout bounds a new connection's wait for the client's
 	// preface and first SETTINGS.
 	PrefaceTimeout time.Duration
@@ -390,6 +393,9 @@ func (s *Server) Serve(l net.Listener) error {
 		s.conns[c] = struct{}{}
 		s.connsDone.Add(1)
 		s.mu.Unlock()
+		if s.opts.Accepted != nil {
+			s.opts.Accepted()
+		}
 		go c.serve()
 	}
 }

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/authlimit/authlimit/internal/redistest"
+)
+
+// TestREADMEDocumentsEveryMetric: every metric family authlimit exports,
+// with Redis, the gRPC services and both fronts in use, has a row in
+// README's metrics table. A family only appears once one of its series has
+// a value, so the test first makes every front decide and deny.
+func TestREADMEDocumentsEveryMetric(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	row := regexp.MustCompile("^\\| `(authlimit_[a-z0-9_]+)`")
+	for _, line := range strings.Split(string(readme), "\n") {
+		if m := row.FindStringSubmatch(line); m != nil {
+			documented[m[1]] = true
+		}
+	}
+	if len(documented) < 10 {
+		t.Fatalf("found %d metric rows in README; has its table moved?", len(documented))
+	}
+
+	srv := redistest.New(t)
+	app := startApp(t, map[string]string{
+		"AUTHLIMIT_REDIS_URL":     srv.URL,
+		"AUTHLIMIT_KEY_PREFIX":    srv.Prefix(t),
+		"AUTHLIMIT_RULES":         "name=per-ip key=ip limit=1/1m",
+		"AUTHLIMIT_GRPC_LISTEN":   "127.0.0.1:0",
+		"AUTHLIMIT_RLS_CONFIG":    writeFile(t, "rls.yaml", rlsConfig),
+		"AUTHLIMIT_REDIS_TIMEOUT": "1s",
+	})
+	for range 3 {
+		app.do(t, authFrom("203.0.113.7"))
+	}
+	conn := grpcClient(t, app.app.grpc.listener.Addr().String())
+	rl := pb.NewRateLimitServiceClient(conn)
+	for range 2 {
+		shouldRateLimit(t, rl, "another", "key3", "metrics")
+	}
+	m := app.do(t, request{path: "/metrics"})
+	wantStatus(t, m, 200, "/metrics")
+	var missing []string
+	seen := 0
+	for _, line := range strings.Split(m.body, "\n") {
+		name, ok := strings.CutPrefix(line, "# HELP ")
+		if !ok {
+			continue
+		}
+		name, _, _ = strings.Cut(name, " ")
+		if !strings.HasPrefix(name, "authlimit_") {
+			continue
+		}
+		seen++
+		if !documented[name] {
+			missing = append(missing, name)
+		}
+	}
+	if seen < 10 {
+		t.Fatalf("/metrics exports %d authlimit_ families; want the store's, the fronts' and the connections'", seen)
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("exported but not in README's metrics table:\n  %s", strings.Join(missing, "\n  "))
+	}
+}
