@@ -108,9 +108,9 @@ func TestCallgrind(t *testing.T) {
 		"local t = redis.call('TIME') local v = redis.call('GET', KEYS[1]) redis.call('SET', KEYS[1], '1e:5', 'KEEPTTL') return 1", 1, "x")
 
 	pol := func(name string, a Algorithm) *Policy {
-		s := Spec{Name: name, Algorithm: a, Limit: 1 << 40, Window: time.Hour}
+		s := Spec{Name: name, Algorithm: a, Limit: 1_000_000, Window: time.Hour}
 		if a.UsesBurst() {
-			s.Burst = 1 << 40
+			s.Burst = 1_000_000
 		}
 		return mustPolicy(t, s)
 	}

@@ -90,8 +90,20 @@ local format, match = string.format, string.match
 
 local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
 
-local blob = ARGV[1]
-local now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
+local blob, lk = ARGV[1], ARGV[2]
+local now, nreq, npol, flags, pos, a, L, W, B, D, M, sh, c
+if lk then
+  -- One rule, in its own layout (see ARGV[2] above): its length tells a
+  -- bucket's, which has a burst and a delay, from a window's.
+  if #blob == 42 then
+    now, a, L, W, M, sh, c = sunpack('<dBdddBd', blob)
+  else
+    now, a, L, W, M, sh, c, B, D = sunpack('<dBdddBddd', blob)
+  end
+  nreq, npol, flags = 1, 1, 0
+else
+  now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
+end
 local slack = 0
 if now < 0 then
   local t = call('TIME')
@@ -121,7 +133,7 @@ end
 -- general path's, operation for operation. It takes what it uses as
 -- arguments, not as upvalues: making a closure with upvalues costs Redis
 -- several times what the call does.
-local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
+local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpack, spack, call, pcall, format, match)
   if a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
     local v = pcall('GET', k)
     local t, x
@@ -219,24 +231,31 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, sp
         H = 1
       end
       call('SET', k, spack('<dd', now, level), 'PX', H + slack)
+      if lean and delay == 0 then
+        return rem, reset
+      end
       return spack(FIRST, 1, 1, 0, rem, reset, 0, delay, 0)
     end
     -- Denied: the general path works out the wait.
   elseif a == 1 or a == 3 then
     local v = pcall('GET', k)
-    local w, n, pv
+    local w, n, pv, x, z
     if v then
-      local e = v.err
-      if e then
-        if not string.find(e, 'WRONGTYPE', 1, true) then
+      if #v == 0 then
+        -- An error (a table, whose length is 0) or an empty string.
+        local e = v.err
+        if e and not string.find(e, 'WRONGTYPE', 1, true) then
           error(v) -- not a wrong type: the key cannot be read (an ACL, say)
         end
       else
-        local x, y, z = match(v, '^(%x+):(%x+):?(%x*)$')
+        local y
+        x, y, z = match(v, '^(%x+):(%x+):?(%x*)$')
         if x then
           w, n, pv = tonumber(x, 16), tonumber(y, 16), 0
           if z ~= '' then
             pv = tonumber(z, 16)
+          else
+            z = '0'
           end
         end
       end
@@ -262,7 +281,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, sp
         return spack(FIRST, all, 0, 1, L - cnt, reset, ending, 0, 0)
       end
       if keep then
-        call('SET', k, format('%x:%x', idx, cnt + c), 'KEEPTTL')
+        call('SET', k, x .. ':' .. format('%x', cnt + c), 'KEEPTTL')
       else
         local ttl = ending / 1000
         if ttl % 1 > 0 then
@@ -272,6 +291,9 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, sp
           ttl = 1
         end
         call('SET', k, format('%x:%x', idx, cnt + c), 'PX', ttl + slack)
+      end
+      if lean then
+        return L - cnt - c, ending
       end
       return spack(FIRST, 1, 1, 0, L - cnt - c, ending, 0, 0, idx)
     end
@@ -309,7 +331,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, sp
         left = 0
       end
       if keep then
-        call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'KEEPTTL')
+        call('SET', k, x .. ':' .. format('%x', cur + c) .. ':' .. z, 'KEEPTTL')
       else
         local ttl = (2 * W - e) / 1000
         if ttl % 1 > 0 then
@@ -320,6 +342,9 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, sp
         end
         call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'PX', ttl + slack)
       end
+      if lean then
+        return left, 2 * W - e
+      end
       return spack(FIRST, 1, 1, 0, left, 2 * W - e, 0, 0, idx)
     end
     -- Denied: the general path works out the wait.
@@ -327,11 +352,32 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, sp
 end
 
 -- One request (so one rule: a request names a policy once).
-if nreq == 1 and npol == 1 then
-  local a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
-  local s = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
+if lk or nreq == 1 and npol == 1 then
+  local k = lk
+  if not k then
+    local _
+    a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
+  end
+  local s, reset = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match)
+  if reset then
+    -- Admitted: remaining + (capacity + 1) * reset after, one integer.
+    local v = L
+    if a > 3 then
+      v = B
+    end
+    v = reset * (v + 1) + s
+    if v < 9007199254740992 then
+      return v
+    end
+    return spack('<Bdd', 2, s, reset)
+  end
   if s then
     return s
+  end
+  if lk then
+    -- Denied, and the general path works out the wait: from the batch
+    -- the call would otherwise have been.
+    blob, pos = spack('<BdddddBdHBdH', a, L, W, B or 0, D or 0, M, 1, 0, 0, sh, c, #lk) .. lk, 1
   end
 end
 
@@ -790,10 +836,13 @@ for _ = 1, nreq do
   -- A request of one rule is single's, unless it is denied and must work
   -- out its wait; rule reads the rules again from the first.
   local nrules, rid, id, sh, c, k, at = sunpack('<BdHBdHc0', blob, pos)
-  local s
-  if nrules == 1 then
+  local s, reset
+  if nrules == 1 and not lk then
     local v = 6 * id
-    s = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
+    s, reset = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match)
+    if reset then
+      s = spack('<Bdd', 2, s, reset)
+    end
     if s then
       r = r + 1
       reply[r], pos = s, at
