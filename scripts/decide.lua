@@ -281,7 +281,16 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
         return spack(FIRST, all, 0, 1, L - cnt, reset, ending, 0, 0)
       end
       if keep then
-        call('SET', k, x .. ':' .. format('%x', cnt + c), 'KEEPTTL')
+        -- The window's index as read. A value of the same length is
+        -- written over the old in place: SETRANGE keeps the expiry as
+        -- KEEPTTL does, and answers an integer where SET's OK costs Redis
+        -- a table; a longer one (rarely) is SET, which sizes it exactly.
+        local nv = x .. ':' .. format('%x', cnt + c)
+        if #nv == #v then
+          call('SETRANGE', k, '0', nv)
+        else
+          call('SET', k, nv, 'KEEPTTL')
+        end
       else
         local ttl = ending / 1000
         if ttl % 1 > 0 then
@@ -331,7 +340,12 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
         left = 0
       end
       if keep then
-        call('SET', k, x .. ':' .. format('%x', cur + c) .. ':' .. z, 'KEEPTTL')
+        local nv = x .. ':' .. format('%x', cur + c) .. ':' .. z -- see fixed_window
+        if #nv == #v then
+          call('SETRANGE', k, '0', nv)
+        else
+          call('SET', k, nv, 'KEEPTTL')
+        end
       else
         local ttl = (2 * W - e) / 1000
         if ttl % 1 > 0 then
