@@ -133,8 +133,136 @@ end
 -- general path's, operation for operation. It takes what it uses as
 -- arguments, not as upvalues: making a closure with upvalues costs Redis
 -- several times what the call does.
-local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpack, spack, call, pcall, format, match)
-  if a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
+local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpack, spack, call, pcall, format, match, tonumber)
+  if a == 1 or a == 3 then -- fixed_window, sliding_window_counter
+    local v = pcall('GET', k)
+    local w, n, x, z
+    if v then
+      if #v == 0 then
+        -- An error (a table, whose length is 0) or an empty string.
+        local e = v.err
+        if e and not string.find(e, 'WRONGTYPE', 1, true) then
+          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+        end
+      else
+        local y
+        x, y, z = match(v, '^(%x+):(%x+):?(%x*)$')
+        if x then
+          w, n = tonumber(x, 16), tonumber(y, 16)
+        end
+      end
+    end
+    local idx = (now - now % W) / W
+    -- What only a denial answers is worked out only for one.
+    if a == 1 then -- fixed_window
+      local cnt, keep = 0, false
+      if w and w >= idx then
+        idx, cnt, keep = w, n, true
+      end
+      local ending = (idx + 1) * W - now
+      if c > M or cnt + c > L then
+        local all, reset = 0, 0
+        if sh == 1 then
+          all = 1
+        end
+        if cnt > 0 then
+          reset = ending
+        end
+        if c > M then
+          return spack(FIRST, all, 0, 2, L - cnt, reset, 0, 0, 0)
+        end
+        return spack(FIRST, all, 0, 1, L - cnt, reset, ending, 0, 0)
+      end
+      if keep then
+        -- The window's index as read. A value of the same length is
+        -- written over the old in place: SETRANGE keeps the expiry as
+        -- KEEPTTL does, and answers an integer where SET's OK costs Redis
+        -- a table; a longer one (rarely) is SET, which sizes it exactly.
+        local nv = x .. ':' .. format('%x', cnt + c)
+        if #nv == #v then
+          call('SETRANGE', k, '0', nv)
+        else
+          call('SET', k, nv, 'KEEPTTL')
+        end
+      else
+        local ttl = ending / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
+        end
+        if ttl < 1 then
+          ttl = 1
+        end
+        call('SET', k, format('%x:%x', idx, cnt + c), 'PX', ttl + slack)
+      end
+      if lean then
+        return L - cnt - c, ending
+      end
+      return spack(FIRST, 1, 1, 0, L - cnt - c, ending, 0, 0, idx)
+    end
+    -- sliding_window_counter
+    local cur, prev, keep = 0, 0, false
+    if w then
+      if w >= idx then
+        idx, cur, keep = w, n, true
+        if z ~= '' then
+          prev = tonumber(z, 16)
+        else
+          z = '0'
+        end
+      elseif w == idx - 1 then
+        prev = n
+      end
+    end
+    local e = now - idx * W
+    if e < 0 then
+      e = 0
+    end
+    local est = prev * (W - e) / W + cur
+    if c <= M and est + c <= L then
+      local left = L - est - c
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      if keep then
+        local nv = x .. ':' .. format('%x', cur + c) .. ':' .. z -- see fixed_window
+        if #nv == #v then
+          call('SETRANGE', k, '0', nv)
+        else
+          call('SET', k, nv, 'KEEPTTL')
+        end
+      else
+        local ttl = (2 * W - e) / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
+        end
+        if ttl < 1 then
+          ttl = 1
+        end
+        call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'PX', ttl + slack)
+      end
+      if lean then
+        return left, 2 * W - e
+      end
+      return spack(FIRST, 1, 1, 0, left, 2 * W - e, 0, 0, idx)
+    elseif c > M then
+      local all, left, reset = 0, L - est, 0
+      if sh == 1 then
+        all = 1
+      end
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      if cur > 0 then
+        reset = 2 * W - e
+      elseif prev > 0 then
+        reset = W - e
+      end
+      return spack(FIRST, all, 0, 2, left, reset, 0, 0, 0)
+    end
+    -- Denied: the general path works out the wait.
+  elseif a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
     local v = pcall('GET', k)
     local t, x
     if v then
@@ -237,131 +365,6 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       return spack(FIRST, 1, 1, 0, rem, reset, 0, delay, 0)
     end
     -- Denied: the general path works out the wait.
-  elseif a == 1 or a == 3 then
-    local v = pcall('GET', k)
-    local w, n, pv, x, z
-    if v then
-      if #v == 0 then
-        -- An error (a table, whose length is 0) or an empty string.
-        local e = v.err
-        if e and not string.find(e, 'WRONGTYPE', 1, true) then
-          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
-        end
-      else
-        local y
-        x, y, z = match(v, '^(%x+):(%x+):?(%x*)$')
-        if x then
-          w, n, pv = tonumber(x, 16), tonumber(y, 16), 0
-          if z ~= '' then
-            pv = tonumber(z, 16)
-          else
-            z = '0'
-          end
-        end
-      end
-    end
-    local idx = (now - now % W) / W
-    local all = 1
-    if sh ~= 1 then
-      all = 0
-    end
-    if a == 1 then -- fixed_window
-      local cnt, keep = 0, false
-      if w and w >= idx then
-        idx, cnt, keep = w, n, true
-      end
-      local ending = (idx + 1) * W - now
-      local reset = 0
-      if cnt > 0 then
-        reset = ending
-      end
-      if c > M then
-        return spack(FIRST, all, 0, 2, L - cnt, reset, 0, 0, 0)
-      elseif cnt + c > L then
-        return spack(FIRST, all, 0, 1, L - cnt, reset, ending, 0, 0)
-      end
-      if keep then
-        -- The window's index as read. A value of the same length is
-        -- written over the old in place: SETRANGE keeps the expiry as
-        -- KEEPTTL does, and answers an integer where SET's OK costs Redis
-        -- a table; a longer one (rarely) is SET, which sizes it exactly.
-        local nv = x .. ':' .. format('%x', cnt + c)
-        if #nv == #v then
-          call('SETRANGE', k, '0', nv)
-        else
-          call('SET', k, nv, 'KEEPTTL')
-        end
-      else
-        local ttl = ending / 1000
-        if ttl % 1 > 0 then
-          ttl = ttl - ttl % 1 + 1
-        end
-        if ttl < 1 then
-          ttl = 1
-        end
-        call('SET', k, format('%x:%x', idx, cnt + c), 'PX', ttl + slack)
-      end
-      if lean then
-        return L - cnt - c, ending
-      end
-      return spack(FIRST, 1, 1, 0, L - cnt - c, ending, 0, 0, idx)
-    end
-    -- sliding_window_counter
-    local cur, prev, keep = 0, 0, false
-    if w then
-      if w >= idx then
-        idx, cur, prev, keep = w, n, pv, true
-      elseif w == idx - 1 then
-        prev = n
-      end
-    end
-    local e = now - idx * W
-    if e < 0 then
-      e = 0
-    end
-    local est = prev * (W - e) / W + cur
-    local left = L - est
-    left = left - left % 1
-    if left < 0 then
-      left = 0
-    end
-    local reset = 0
-    if cur > 0 then
-      reset = 2 * W - e
-    elseif prev > 0 then
-      reset = W - e
-    end
-    if c > M then
-      return spack(FIRST, all, 0, 2, left, reset, 0, 0, 0)
-    elseif est + c <= L then
-      left = L - est - c
-      left = left - left % 1
-      if left < 0 then
-        left = 0
-      end
-      if keep then
-        local nv = x .. ':' .. format('%x', cur + c) .. ':' .. z -- see fixed_window
-        if #nv == #v then
-          call('SETRANGE', k, '0', nv)
-        else
-          call('SET', k, nv, 'KEEPTTL')
-        end
-      else
-        local ttl = (2 * W - e) / 1000
-        if ttl % 1 > 0 then
-          ttl = ttl - ttl % 1 + 1
-        end
-        if ttl < 1 then
-          ttl = 1
-        end
-        call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'PX', ttl + slack)
-      end
-      if lean then
-        return left, 2 * W - e
-      end
-      return spack(FIRST, 1, 1, 0, left, 2 * W - e, 0, 0, idx)
-    end
-    -- Denied: the general path works out the wait.
   end
 end
 
@@ -372,7 +375,7 @@ if lk or nreq == 1 and npol == 1 then
     local _
     a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
   end
-  local s, reset = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match)
+  local s, reset = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match, tonumber)
   if reset then
     -- Admitted: remaining + (capacity + 1) * reset after, one integer.
     local v = L
@@ -853,7 +856,7 @@ for _ = 1, nreq do
   local s, reset
   if nrules == 1 and not lk then
     local v = 6 * id
-    s, reset = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match)
+    s, reset = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match, tonumber)
     if reset then
       s = spack('<Bdd', 2, s, reset)
     end
