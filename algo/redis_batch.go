@@ -169,8 +169,7 @@ func (r *Redis) complete(c *call, err error) bool {
 // memory.
 type worker struct {
 	deadline deadlineCtx
-	args     [5]any // evalsha, the digest, 0 keys, the batch, and key's
-	key      []byte // the storage key of a call in decide.lua's one-rule layout, or nil
+	args     [4]any // evalsha, the digest, 0 keys, the batch
 	batch    []*call
 	parts    []*part
 	blob     []byte
@@ -186,12 +185,6 @@ type worker struct {
 // encoding.BinaryMarshaler as a bulk string). Passing w, a pointer, to
 // go-redis boxes nothing; passing w.blob would allocate on every call.
 func (w *worker) MarshalBinary() ([]byte, error) { return w.blob, nil }
-
-// leanKey is a worker as its key, the second argument of a call in
-// decide.lua's one-rule layout.
-type leanKey worker
-
-func (k *leanKey) MarshalBinary() ([]byte, error) { return k.key, nil }
 
 // lead sends a batch if a connection is free: whatever is queued, up to
 // MaxBatch requests, the caller's own among them unless another batch took
@@ -378,17 +371,13 @@ func classify(err error) error {
 // raw reply goes into a buffer the worker reuses, so a batch allocates
 // little.
 func (r *Redis) evalRaw(ctx context.Context, w *worker) error {
-	w.args = [5]any{"evalsha", r.decideSHAArg, 0, w, (*leanKey)(w)}
-	args := w.args[:4]
-	if w.key != nil {
-		args = w.args[:]
-	}
+	w.args = [4]any{"evalsha", r.decideSHAArg, 0, w}
 	for try := 0; try < 2; try++ {
 		if try == 1 {
 			w.args[0], w.args[1] = "eval", r.decideSrcArg
 		}
 		w.reply.Reset()
-		if err := r.client.Process(ctx, redis.NewRawWriteToCmd(ctx, &w.reply, args...)); err != nil {
+		if err := r.client.Process(ctx, redis.NewRawWriteToCmd(ctx, &w.reply, w.args[:]...)); err != nil {
 			return err
 		}
 		b := w.reply.Bytes()
@@ -453,19 +442,22 @@ func isNoScript(err error) bool {
 
 // appendBatch appends the decide.lua argument for w.parts: for a call of
 // one request of one rule (not sliding_window_log) with no refund tokens,
-// the shape of every call at low load, in the one-rule layout, which costs
-// Redis less to read, with w.key its second argument; otherwise, and always
-// if r.general is set, the batch.
+// the shape of every call at low load, the one-rule layout, which costs
+// Redis less to read; otherwise the batch. With r.general set, the batch as
+// the previous release's script reads it: without its three zero bytes,
+// and never the one-rule layout.
 func (r *Redis) appendBatch(dst []byte, w *worker, flags byte) []byte {
 	pinned := -1.0
 	if r.clock != nil {
 		pinned = float64(sinceEpoch(r.clock()))
 	}
-	w.key = nil
-	if flags == 0 && !r.general && len(w.parts) == 1 && len(w.parts[0].ids) == 1 {
-		if p := r.policy(w.parts[0].ids[0]); p.spec.Algorithm != SlidingWindowLog {
-			return appendLean(dst, w, pinned, p)
+	if !r.general {
+		if flags == 0 && len(w.parts) == 1 && len(w.parts[0].ids) == 1 {
+			if p := r.policy(w.parts[0].ids[0]); p.spec.Algorithm != SlidingWindowLog {
+				return appendLean(dst, w.parts[0].buf, pinned, r.clock != nil, p)
+			}
 		}
+		dst = append(dst, 0, 0, 0)
 	}
 	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(pinned))
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(w.parts)))
@@ -500,29 +492,35 @@ func (r *Redis) appendBatch(dst []byte, w *worker, flags byte) []byte {
 
 // Where the rule of a part of one request is in its buf (see part).
 const (
-	leanShadowAt = 1 + 8 + 2
-	leanCostAt   = leanShadowAt + 1
-	leanKeyAt    = leanCostAt + 8 + 2
+	oneShadowAt = 1 + 8 + 2
+	oneCostAt   = oneShadowAt + 1
+	oneKeyAt    = oneCostAt + 8 // the key's length, then the key
 )
 
-// appendLean appends decide.lua's argument for the one request of w's one
-// part, of one rule of policy p, in the one-rule layout: [d] the time as in
-// a batch, [B] algorithm, [d] limit, [d] window, [d] max cost, [B] shadow,
-// [d] cost, and for a bucket [d] burst and [d] delay; and points w.key at
-// the rule's storage key.
-func appendLean(dst []byte, w *worker, pinned float64, p *Policy) []byte {
-	b := w.parts[0].buf
-	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(pinned))
+// appendLean appends decide.lua's argument in the one-rule layout for a
+// part (buf) of one request of one rule of policy p: [B] algorithm, [H] key
+// length and the key, [d] limit, [d] window, [d] max cost, [B] flags (1
+// shadow, 2 a pinned time follows), [d] cost, for a bucket [d] burst and
+// [d] delay, and with flag 2 [d] the time.
+func appendLean(dst, buf []byte, now float64, pinned bool, p *Policy) []byte {
 	dst = append(dst, byte(p.spec.Algorithm))
+	dst = append(dst, buf[oneKeyAt:]...)
 	for _, v := range [...]int64{p.spec.Limit, p.window, p.maxCost} {
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
 	}
-	dst = append(dst, b[leanShadowAt:leanKeyAt-2]...) // shadow and cost, as encoded
+	flags := buf[oneShadowAt]
+	if pinned {
+		flags |= 2
+	}
+	dst = append(dst, flags)
+	dst = append(dst, buf[oneCostAt:oneKeyAt]...)
 	if p.spec.Algorithm.UsesBurst() {
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(p.spec.Burst)))
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(p.delay)))
 	}
-	w.key = b[leanKeyAt:]
+	if pinned {
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(now))
+	}
 	return dst
 }
 

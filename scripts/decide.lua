@@ -84,25 +84,31 @@
 
 -- A global and its field cost Redis about as much as a small call into C:
 -- single's names are looked up first, the general path's after it.
-local sunpack, spack = struct.unpack, struct.pack
-local call, pcall = redis.call, redis.pcall
-local format, match = string.format, string.match
+local S, R, str = struct, redis, string
+local sunpack, spack = S.unpack, S.pack
+local call, pcall = R.call, R.pcall
+local format, match = str.format, str.match
+local tonumber = tonumber
 
 local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
 
-local blob, lk = ARGV[1], ARGV[2]
-local now, nreq, npol, flags, pos, a, L, W, B, D, M, sh, c
-if lk then
-  -- One rule, in its own layout (see ARGV[2] above): its length tells a
-  -- bucket's, which has a burst and a delay, from a window's.
-  if #blob == 42 then
-    now, a, L, W, M, sh, c = sunpack('<dBdddBd', blob)
-  else
-    now, a, L, W, M, sh, c, B, D = sunpack('<dBdddBddd', blob)
+-- One unpack reads the one-rule layout whole, and a batch's three zero
+-- bytes as algorithm 0 and an empty key (and what follows as numbers it
+-- then ignores).
+local blob = ARGV[1]
+local a, lk, L, W, M, sh, c, pos = sunpack('<BHc0dddBd', blob)
+local now, nreq, npol, flags, B, D = -1
+if a ~= 0 then
+  if a > 3 then
+    B, D, pos = sunpack('<dd', blob, pos)
+  end
+  if sh > 1 then
+    sh, now = sh - 2, sunpack('<d', blob, pos)
   end
   nreq, npol, flags = 1, 1, 0
 else
-  now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
+  lk = nil
+  now, nreq, npol, flags, pos = sunpack('<dHHB', blob, 4)
 end
 local slack = 0
 if now < 0 then
@@ -193,10 +199,10 @@ if lk and a < 4 then
     if w then
       if w >= idx then
         idx, cur, keep = w, n, true
-        if z ~= '' then
-          prev = tonumber(z, 16)
-        else
+        if z == '' then
           z = '0'
+        elseif z ~= '0' then
+          prev = tonumber(z, 16)
         end
       elseif w == idx - 1 then
         prev = n
@@ -337,10 +343,10 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
     if w then
       if w >= idx then
         idx, cur, keep = w, n, true
-        if z ~= '' then
-          prev = tonumber(z, 16)
-        else
+        if z == '' then
           z = '0'
+        elseif z ~= '0' then
+          prev = tonumber(z, 16)
         end
       elseif w == idx - 1 then
         prev = n
