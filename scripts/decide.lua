@@ -123,14 +123,6 @@ else
   -- tests an hour of slack so a key never expires under a test's feet.
   slack = 3600000
 end
-local tokens_wanted = flags % 2 == 1
--- The reply formats of a request's first rule (with its admitted byte) and
--- of the others, with or without refund tokens.
-local FIRST, NEXT = '<BBBdddd', '<BBdddd'
-if tokens_wanted then
-  FIRST, NEXT = '<BBBddddd', '<BBddddd'
-end
-
 -- A window (fixed_window, sliding_window_counter) in the one-rule layout is
 -- decided here, in the chunk itself, as single below decides one, line for
 -- line: the closure single is and the call into it cost Redis as much as
@@ -172,9 +164,9 @@ if lk and a < 4 then
         r = ending
       end
       if c > M then
-        return spack(FIRST, all, 0, 2, L - cnt, r, 0, 0, 0)
+        return spack('<BBBdddd', all, 0, 2, L - cnt, r, 0, 0, 0)
       end
-      return spack(FIRST, all, 0, 1, L - cnt, r, ending, 0, 0)
+      return spack('<BBBdddd', all, 0, 1, L - cnt, r, ending, 0, 0)
     end
     if keep then
       local nv = x .. ':' .. format('%x', cnt + c) -- see single
@@ -251,7 +243,7 @@ if lk and a < 4 then
       elseif prev > 0 then
         r = W - e
       end
-      return spack(FIRST, all, 0, 2, left, r, 0, 0, 0)
+      return spack('<BBBdddd', all, 0, 2, left, r, 0, 0, 0)
     end
   end
   if rem then
@@ -262,6 +254,14 @@ if lk and a < 4 then
     end
     return spack('<Bdd', 2, rem, reset)
   end
+end
+
+local tokens_wanted = flags % 2 == 1
+-- The reply formats of a request's first rule (with its admitted byte) and
+-- of the others, with or without refund tokens.
+local FIRST, NEXT = '<BBBdddd', '<BBdddd'
+if tokens_wanted then
+  FIRST, NEXT = '<BBBddddd', '<BBddddd'
 end
 
 -- single decides, writes and answers a request of one rule of any
