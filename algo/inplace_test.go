@@ -11,7 +11,8 @@ import (
 // window keeps its expiry, and its value reads back exactly as written,
 // whether the new value has the old one's length (written over in place)
 // or not: here the stored index and count have leading zeros, which the
-// first write drops from the count, and the count later gains a digit.
+// first write drops from the count, and the count later gains a digit. Alone in its
+// request (the one-rule path) and beside a second rule (the general path).
 func TestWindowWritesKeepValueAndExpiry(t *testing.T) {
 	clock := newFakeClock(epoch.Add(90 * time.Second))
 	rs, client, _ := newRedisStore(t, nil)
@@ -19,30 +20,44 @@ func TestWindowWritesKeepValueAndExpiry(t *testing.T) {
 	ctx := context.Background()
 	const limit, window = 100, time.Minute
 	idx := sinceEpoch(clock.Now()) / window.Microseconds()
+	other := mustPolicy(t, Spec{Name: "inplace-other", Algorithm: TokenBucket, Limit: 1000, Window: window, Burst: 1000})
 	for _, c := range []struct {
 		a            Algorithm
 		seed, suffix string // the stored value, and what follows the count
+		general      bool   // with a second rule
 	}{
-		{FixedWindow, fmt.Sprintf("%07x:%04x", idx, 5), ""},
-		{SlidingWindowCounter, fmt.Sprintf("%07x:%04x:0", idx, 5), ":0"},
+		{FixedWindow, fmt.Sprintf("%07x:%04x", idx, 5), "", false},
+		{SlidingWindowCounter, fmt.Sprintf("%07x:%04x:0", idx, 5), ":0", false},
+		{FixedWindow, fmt.Sprintf("%07x:%04x", idx, 5), "", true},
+		{SlidingWindowCounter, fmt.Sprintf("%07x:%04x:0", idx, 5), ":0", true},
 	} {
-		t.Run(c.a.String(), func(t *testing.T) {
-			p := mustPolicy(t, Spec{Name: "inplace-" + c.a.String(), Algorithm: c.a, Limit: limit, Window: window})
+		t.Run(fmt.Sprintf("%s/general=%v", c.a, c.general), func(t *testing.T) {
+			p := mustPolicy(t, Spec{Name: fmt.Sprintf("inplace-%s-%v", c.a, c.general), Algorithm: c.a, Limit: limit, Window: window})
 			key := p.StorageKey(rs.prefix, []byte("client"))
+			reqs := []Request{{Policy: p, Key: []byte("client")}}
+			if c.general {
+				reqs = append(reqs, Request{Policy: other, Key: []byte("client")})
+			}
+			res := make([]Result, len(reqs))
 			const ttl = 50 * time.Second
 			if err := client.Set(ctx, key, c.seed, ttl).Err(); err != nil {
 				t.Fatal(err)
 			}
 			for n := 6; n <= 40; n++ {
-				res := decideOne(t, rs, Request{Policy: p, Key: []byte("client")})
-				if !res.Allowed || res.Remaining != int64(limit-n) {
-					t.Fatalf("request for count %d: %+v, want allowed with %d remaining", n, res, limit-n)
+				if ok, err := rs.Decide(ctx, reqs, res); err != nil || !ok || res[0].Remaining != int64(limit-n) {
+					t.Fatalf("request for count %d: %v, %v, %+v, want allowed with %d remaining", n, ok, err, res[0], limit-n)
 				}
 				got, err := client.Get(ctx, key).Result()
 				if err != nil {
 					t.Fatal(err)
 				}
-				if want := fmt.Sprintf("%07x:%x%s", idx, n, c.suffix); got != want {
+				// The one-rule path writes the index back as read, the
+				// general path as a number.
+				want := fmt.Sprintf("%07x:%x%s", idx, n, c.suffix)
+				if c.general {
+					want = fmt.Sprintf("%x:%x%s", idx, n, c.suffix)
+				}
+				if got != want {
 					t.Fatalf("after count %d the key holds %q, want %q", n, got, want)
 				}
 				if left := client.PTTL(ctx, key).Val(); left <= 0 || left > ttl {

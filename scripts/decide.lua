@@ -563,7 +563,8 @@ else
   end
 end
 
--- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
+-- hexes reads "a:b" or "a:b:c" (c = 0 for the first), and v's length; nil
+-- if v is not one.
 -- v is what redis.pcall answered: a string, false (no key) or an error
 -- (a table with err); a string's err is nil, read with no call into C.
 local function hexes(v)
@@ -582,9 +583,9 @@ local function hexes(v)
     return nil
   end
   if c == '' then
-    return tonumber(a, 16), tonumber(b, 16), 0
+    return tonumber(a, 16), tonumber(b, 16), 0, #v
   end
-  return tonumber(a, 16), tonumber(b, 16), tonumber(c, 16)
+  return tonumber(a, 16), tonumber(b, 16), tonumber(c, 16), #v
 end
 
 -- level_at is a bucket's level at a time: a token bucket's tokens
@@ -640,10 +641,10 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
   local v = 6 * id
   local a, L, W, B, D, M = V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6]
   local OK, HREM, HRESET, HRETRY, TDELAY, TOKEN = 0, 0, 0, 0, 0, 0
-  local TREM, TRESET, WVAL, WTTL, LAT, LRANK, LTOTAL
+  local TREM, TRESET, WVAL, WTTL, WLEN, LAT, LRANK, LTOTAL
   if a == 1 then -- fixed_window
     local idx, n, keep = (now - now % W) / W, 0, false
-    local w, cnt = hexes(pcall('GET', k))
+    local w, cnt, _, len = hexes(pcall('GET', k))
     if w and w >= idx then
       -- Now's window, or a later one (the clock stepped back): its
       -- key already expires when the window ends.
@@ -660,7 +661,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       OK, TREM, TRESET = 1, L - n - c, ending
       WVAL, TOKEN = format('%x:%x', idx, n + c), idx
       if keep then
-        WTTL = 0
+        WTTL, WLEN = 0, len
       else
         local ttl = ending / 1000
         if ttl % 1 > 0 then
@@ -673,7 +674,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       end
     end
   elseif a == 3 then -- sliding_window_counter
-    local w, n, pv = hexes(pcall('GET', k))
+    local w, n, pv, len = hexes(pcall('GET', k))
     local idx, cur, prev, keep = (now - now % W) / W, 0, 0, false
     if w then
       if w >= idx then
@@ -712,7 +713,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       OK, TREM, TRESET = 1, left, 2 * W - e
       WVAL, TOKEN = format('%x:%x:%x', idx, cur + c, prev), idx
       if keep then
-        WTTL = 0
+        WTTL, WLEN = 0, len
       else
         local ttl = (2 * W - e) / 1000
         if ttl % 1 > 0 then
@@ -948,7 +949,12 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
   elseif all == 1 then
     if a ~= 2 then
       if WTTL == 0 then
-        call('SET', k, WVAL, 'KEEPTTL')
+        -- In place if it keeps its length (see single).
+        if #WVAL == WLEN then
+          call('SETRANGE', k, '0', WVAL)
+        else
+          call('SET', k, WVAL, 'KEEPTTL')
+        end
       else
         call('SET', k, WVAL, 'PX', WTTL)
       end
