@@ -10,7 +10,15 @@
 --       in Redis Cluster, every key of the batch, all of one hash slot, so
 --       the cluster routes the call and checks the slot. The script reads
 --       its keys from ARGV[1] either way.
--- ARGV[1]: the batch, little-endian binary (struct formats in brackets):
+-- ARGV[1]: little-endian binary (struct formats in brackets), one of two
+--   layouts, told apart by the first byte:
+--   one rule a call of one request of one rule (not sliding_window_log)
+--            that wants no refund token, every call at low load: [B] its
+--            algorithm (below), [H] key length and the key, [d] limit,
+--            [d] window (µs), [d] max cost, [B] flags (1 shadow, 2 a
+--            pinned time follows), [d] cost, for a bucket [d] burst and
+--            [d] delay (µs), and with flag 2 [d] the time as below
+--   batch    three zero bytes, then
 --   header   [d] the time in µs since 2020-01-01T00:00:00Z, or -1 to read
 --                Redis TIME (production always reads TIME, so replicas with
 --                skewed clocks agree; only tests pin the time)
@@ -26,21 +34,30 @@
 --            policy's place in the policies above (0 for the first),
 --            [B] shadow (1: its denial does not deny), [d] cost, [H] key
 --            length and the key
+--   The batch after its three zero bytes is the previous release's whole
+--   argument, which the store sends a script of that release (tests).
 -- Reply: one string, little-endian binary: per request, [B] admitted
 --   (1 or 0), then per rule [B] allowed (1 or 0), [B] reason (0 none,
 --   1 limited, 2 cost too high), [d] remaining, [d] reset after (µs),
 --   [d] retry after (µs), [d] delay (µs), and with flag 1 [d] a refund
 --   token for refund.lua: the window index written (fixed_window,
 --   sliding_window_counter), the entry's time (sliding_window_log), 0 for
---   the others. Every value is a whole number; Go reads it as C casts a Lua
---   number to a Redis integer (towards zero). One string, packed here, costs
---   Redis a third of what an array of integers does to convert. An
---   admitted request's allowing rules answer with their counts after
---   consuming; otherwise every rule answers with the counts that stand.
+--   the others. A request of one rule that it admits with no delay, when no
+--   refund token is wanted, answers [B] 2, [d] remaining, [d] reset after
+--   instead; and a call of only such a request answers one integer,
+--   remaining + (capacity + 1) * reset after (capacity: the burst of a
+--   bucket, else the limit), when that is below 2^53, which Redis answers
+--   far more cheaply than a string. Every value is a whole number; Go reads
+--   it as C casts a Lua number to a Redis integer (towards zero). One
+--   string, packed here, costs Redis a third of what an array of integers
+--   does to convert. An admitted request's allowing rules answer with their
+--   counts after consuming; otherwise every rule answers with the counts
+--   that stand.
 --
 -- State, by algorithm, each in one key that expires when its state no longer
--- matters (a bucket's: a full refill or drain after its last write; hex integers are written with %x, which keeps the keys redis
--- holds most of small):
+-- matters (a bucket's: a full refill or drain after its last write; hex
+-- integers are written with %x, which keeps the keys Redis holds most of
+-- small):
 --   fixed_window            string "<window index>:<count>" in hex
 --   sliding_window_counter  string "<window index>:<count>:<previous count>"
 --   token_bucket            string [dd]: last update (µs), tokens
@@ -64,26 +81,34 @@
 -- instructions Redis executes, counted with callgrind on redis-server
 -- (TestCallgrind in package algo, Redis 7.0): a redis.call costs thousands
 -- of instructions, a call into C (struct.pack, string.format, tonumber) and
--- a closure's every upvalue several hundred, a table write or a global's
--- lookup one to four hundred, the arithmetic around them tens. So a request
--- of one rule, every call at low load and most requests of a batch, is
--- decided by single, with no table; a request of several by rule, which
--- keeps each rule's answer in its locals; both take what they use as
--- arguments; and a key written again in the same window keeps its expiry
--- (SET ... KEEPTTL), as a SET with PX costs Redis twice as much. A
--- fixed_window decision alone in its call costs 53.7k instructions (a
--- naive EVALSHA of INCRBY 22.9k): the EVALSHA itself 14.6k, TIME and its
--- conversion 8.3k (every algorithm needs the time, and only Redis's own
--- keeps replicas with skewed clocks agreeing), the GET 3.5k and the SET 7k,
--- unpacking the batch 5.9k, the value's parsing 3.3k and formatting 2.4k,
--- the answer's packing 2.5k; TIME, GET and SET KEEPTTL alone, the least a
--- window kept as "<index>:<count>" costs, are 32.1k. sliding_window_counter
--- costs 56.8k, a bucket 59.3-59.6k (its SET moves the expiry), three rules
--- on one key 147k; in batches of 50, 28.2k a decision (fixed_window) and
--- 31.7k (sliding_window_counter).
+-- a closure's every upvalue several hundred, a Lua function's call and
+-- arguments, a table write, a global's lookup or a value unpacked about a
+-- hundred each, the arithmetic around them tens. So a window (fixed_window,
+-- sliding_window_counter) alone in its call is decided in the chunk itself,
+-- with no function, no table and one unpack; any other request of one rule,
+-- and most requests of a batch, by single, with no table; a request of
+-- several by rule, which keeps each rule's answer in its locals; both take
+-- what they use as arguments. A window counted again in its window keeps
+-- its expiry, and its value, if it keeps its length, is written over in
+-- place (SETRANGE from 0: SET's OK costs Redis a table, SET ... PX twice
+-- what SET ... KEEPTTL does). A fixed_window decision alone in its call
+-- costs 43.9k instructions (a naive EVALSHA of INCRBY 22.9k): the EVALSHA
+-- itself 13.0k, TIME 6.6k and its conversion 1.3k (every algorithm needs
+-- the time, and only Redis's own keeps replicas with skewed clocks
+-- agreeing), the GET 3.4k and the SETRANGE 4k, Redis making ARGV 2.2k and
+-- Lua's garbage collection 3.8k (a full collection every 50 calls, mostly
+-- sweeping Redis's whole Lua heap; an empty script's is 2.2k), unpacking
+-- the argument 2.3k, the value's parsing 2.2k and formatting 1.4k, the
+-- answer 0.7k; TIME, GET and a SETRANGE alone are 30.3k, and a key per
+-- window index with a bare INCRBY (PEXPIRE on the first), Redis TIME and
+-- the same integer answer 35.8k, the least a change of format could reach.
+-- sliding_window_counter costs 45.4k, a bucket 56.7-57.1k (its SET moves
+-- the expiry, as it must: a key lives a full refill or drain after its
+-- last write), three rules on one key 148k; in batches of 50, 23.8k a
+-- decision (fixed_window) and 25.4k (sliding_window_counter).
 
--- A global and its field cost Redis about as much as a small call into C:
--- single's names are looked up first, the general path's after it.
+-- Globals and their fields are looked up once, into locals, the one-rule
+-- path's first and the general path's after it.
 local S, R, str = struct, redis, string
 local sunpack, spack = S.unpack, S.pack
 local call, pcall = R.call, R.pcall
@@ -515,7 +540,7 @@ if lk or nreq == 1 and npol == 1 then
     a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
   end
   local s, reset
-  if not lk or a > 3 then -- a window in the one-rule layout was decided above
+  if a ~= 2 and (not lk or a > 3) then -- a window in the one-rule layout was decided above
     s, reset = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match, tonumber)
   end
   if reset then
