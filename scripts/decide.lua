@@ -92,19 +92,19 @@
 -- its expiry, and its value, if it keeps its length, is written over in
 -- place (SETRANGE from 0: SET's OK costs Redis a table, SET ... PX twice
 -- what SET ... KEEPTTL does). A fixed_window decision alone in its call
--- costs 43.9k instructions (a naive EVALSHA of INCRBY 22.9k): the EVALSHA
--- itself 13.0k, TIME 6.6k and its conversion 1.3k (every algorithm needs
+-- costs 44.1k instructions (a naive EVALSHA of INCRBY 23.0k): the EVALSHA
+-- itself 13.1k, TIME 6.7k and its conversion 1.3k (every algorithm needs
 -- the time, and only Redis's own keeps replicas with skewed clocks
 -- agreeing), the GET 3.4k and the SETRANGE 4k, Redis making ARGV 2.2k and
 -- Lua's garbage collection 3.8k (a full collection every 50 calls, mostly
 -- sweeping Redis's whole Lua heap; an empty script's is 2.2k), unpacking
 -- the argument 2.3k, the value's parsing 2.2k and formatting 1.4k, the
--- answer 0.7k; TIME, GET and a SETRANGE alone are 30.3k, and a key per
+-- answer 0.7k; TIME, GET and a SETRANGE alone are 30.8k, and a key per
 -- window index with a bare INCRBY (PEXPIRE on the first), Redis TIME and
 -- the same integer answer 35.8k, the least a change of format could reach.
--- sliding_window_counter costs 45.4k, a bucket 56.7-57.1k (its SET moves
+-- sliding_window_counter costs 45.7k, a bucket 56.9-57.3k (its SET moves
 -- the expiry, as it must: a key lives a full refill or drain after its
--- last write), three rules on one key 148k; in batches of 50, 23.8k a
+-- last write), three rules on one key 146k; in batches of 50, 24.0k a
 -- decision (fixed_window) and 25.4k (sliding_window_counter).
 
 -- Globals and their fields are looked up once, into locals, the one-rule
@@ -565,9 +565,8 @@ if lk or nreq == 1 and npol == 1 then
   end
 end
 
-local sub, find, rep = string.sub, string.find, string.rep
-local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
-local concat = table.concat
+-- What only a rare path uses (math's, string.sub) it looks up itself.
+local find, rep, concat = str.find, str.rep, table.concat
 
 -- Policies, 6 values each from V[6 * place + 1], in one table built by its
 -- constructor from one unpack: a table per policy, or a table that grows by
@@ -578,7 +577,13 @@ if npol == 1 then
   V = { sunpack('<Bddddd', blob, pos) }
   pos = V[7]
 elseif npol <= 32 then
-  V = { sunpack('<' .. rep('Bddddd', npol), blob, pos) }
+  local f = '<BdddddBddddd' -- two, three or more, with no call into C for a few
+  if npol == 3 then
+    f = '<BdddddBdddddBddddd'
+  elseif npol > 3 then
+    f = '<' .. rep('Bddddd', npol)
+  end
+  V = { sunpack(f, blob, pos) }
   pos = V[6 * npol + 1]
 else
   -- More values than one call should push at once: a policy at a time.
@@ -655,7 +660,7 @@ end
 -- locals (upper case) rather than in a table, which costs Redis more. It
 -- returns the verdict and where the request ends in the batch. It takes
 -- what it uses as arguments, not as upvalues (see single).
-local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format)
   local REBASE = 4503599627370496 -- 2^52: a log's totals restart below this
   local SWEEP = 64 -- left-behind log entries removed per admission, at most
   local RETRY_STEPS = 4
@@ -750,14 +755,15 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
         WTTL = ttl + slack
       end
     else
+      local max = math.max
       local wait
       if cur + c <= L then
         -- Only the previous window's weight must shrink.
-        wait = max(ceil(W - (L - cur - c) * W / prev - e), 1)
+        wait = max(math.ceil(W - (L - cur - c) * W / prev - e), 1)
       else
         -- Wait into the next window, where this window's count is the
         -- previous.
-        wait = W - e + max(ceil(W - (L - c) * W / cur), 0)
+        wait = W - e + max(math.ceil(W - (L - c) * W / cur), 0)
       end
       -- Check the wait against the state as it stands.
       local function admits(at)
@@ -781,6 +787,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       HRETRY = wait
     end
   elseif a == 2 then -- sliding_window_log
+    local sub, floor, max = string.sub, math.floor, math.max
     -- Constant arguments are strings: Redis converts a number argument
     -- with a printf of its own.
     local newest = pcall('ZRANGE', k, '-1', '-1', 'WITHSCORES')
@@ -827,7 +834,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       HRETRY = tonumber(call('ZRANGE', k, lo, lo, 'WITHSCORES')[2]) + W - now
     else
       OK, TREM, TRESET = 1, L - n - c, at + W - now
-      LAT, LRANK, WTTL, TOKEN = at, rank, max(ceil((at + W - now) / 1000), 1) + slack, at
+      LAT, LRANK, WTTL, TOKEN = at, rank, max(math.ceil((at + W - now) / 1000), 1) + slack, at
       LTOTAL = total + c
     end
   else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
@@ -836,7 +843,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
     if v then
       local e = v.err
       if e then
-        if not find(e, 'WRONGTYPE', 1, true) then
+        if not string.find(e, 'WRONGTYPE', 1, true) then
           error(v) -- not a wrong type: the key cannot be read (an ACL, say)
         end
       elseif #v == 16 then
@@ -888,7 +895,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       -- denied: cost too high
     elseif a == 4 then
       if level < c then
-        local wait = ceil((c - level) * W / L)
+        local wait = math.ceil((c - level) * W / L)
         for _ = 1, RETRY_STEPS do
           if level_at(a, t, x, B, L, W, now + wait) >= c then
             break
@@ -909,13 +916,13 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       -- The request waits until enough has drained for it to fit.
       local over, wait = level + c - B, 0
       if over > 0 then
-        wait = ceil(over * W / L)
+        wait = math.ceil(over * W / L)
       end
       if wait > D then
         local retry = wait - D
         for _ = 1, RETRY_STEPS do
           local o = level_at(a, t, x, B, L, W, now + retry) + c - B
-          if o <= 0 or ceil(o * W / L) <= D then
+          if o <= 0 or math.ceil(o * W / L) <= D then
             break
           end
           retry = retry + 1
@@ -962,7 +969,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
     all = 0
   end
   if i < nrules then
-    all, pos = rule(i + 1, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+    all, pos = rule(i + 1, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format)
   end
   -- Phase two: only if the request is admitted, write, and answer with the
   -- counts after consuming; otherwise answer with the counts as they stand.
@@ -985,6 +992,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       end
     else
       -- Record the admission in the log.
+      local sub, min = string.sub, math.min
       local total, rank = LTOTAL, LRANK
       if WVAL == 'replace' then
         call('DEL', k)
@@ -1040,7 +1048,7 @@ for _ = 1, nreq do
   end
   if not s then
     local _
-    _, pos = rule(1, nrules, 1, pos + 9, r, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+    _, pos = rule(1, nrules, 1, pos + 9, r, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format)
     r = r + nrules
   end
 end
