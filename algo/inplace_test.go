@@ -3,8 +3,12 @@ package algo
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestWindowWritesKeepValueAndExpiry: a window counted again in the same
@@ -65,5 +69,65 @@ func TestWindowWritesKeepValueAndExpiry(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWindowWritesWithoutSetrange: a user whose ACL does not grant SETRANGE
+// (the least-privilege user of earlier releases) still counts windows
+// exactly, alone in a request and beside a second rule: decide.lua writes
+// them with SET ... KEEPTTL after Redis refuses the SETRANGE.
+func TestWindowWritesWithoutSetrange(t *testing.T) {
+	srv := redistest.New(t)
+	admin := srv.Client(t)
+	prefix := srv.Prefix(t)
+	ctx := context.Background()
+	const password = "without-setrange"
+	name := prefix + "-user"
+	args := []any{"ACL", "SETUSER", name}
+	for _, r := range redistest.LimitedUserRules(password, prefix) {
+		if r != "+setrange" {
+			args = append(args, r)
+		}
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(context.Background(), "ACL", "DELUSER", name).Err() })
+	opts, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Username, opts.Password = name, password
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	rs := newRedis(t, c, prefix)
+	rs.clock = newFakeClock(epoch.Add(90 * time.Second)).Now
+	if err := admin.Do(ctx, "ACL", "LOG", "RESET").Err(); err != nil {
+		t.Fatal(err)
+	}
+	other := mustPolicy(t, Spec{Name: "nosetrange-other", Algorithm: TokenBucket, Limit: 1000, Window: time.Minute, Burst: 1000})
+	const limit = 100
+	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+		for _, general := range []bool{false, true} {
+			p := mustPolicy(t, Spec{Name: fmt.Sprintf("nosetrange-%s-%v", a, general), Algorithm: a, Limit: limit, Window: time.Minute})
+			reqs := []Request{{Policy: p, Key: []byte("client")}}
+			if general {
+				reqs = append(reqs, Request{Policy: other, Key: []byte("client")})
+			}
+			res := make([]Result, len(reqs))
+			for n := 1; n <= 20; n++ {
+				if ok, err := rs.Decide(ctx, reqs, res); err != nil || !ok || res[0].Remaining != int64(limit-n) {
+					t.Fatalf("%s (general %v), request %d: %v, %v, %+v, want allowed with %d remaining", a, general, n, ok, err, res[0], limit-n)
+				}
+			}
+		}
+	}
+	// The scripts did try SETRANGE, and Redis refused it.
+	log, err := admin.Do(ctx, "ACL", "LOG").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(fmt.Sprint(log), "setrange") {
+		t.Errorf("ACL LOG has no refused SETRANGE: %v", log)
 	}
 }

@@ -195,10 +195,8 @@ if lk and a < 4 then
     end
     if keep then
       local nv = x .. ':' .. format('%x', cnt + c) -- see single
-      if #nv == #v then
-        call('SETRANGE', lk, '0', nv)
-      else
-        call('SET', lk, nv, 'KEEPTTL')
+      if #nv ~= #v or pcall('SETRANGE', lk, '0', nv) ~= #v then
+        call('SET', lk, nv, 'KEEPTTL') -- see single
       end
     else
       local ttl = ending / 1000
@@ -238,10 +236,8 @@ if lk and a < 4 then
       end
       if keep then
         local nv = x .. ':' .. format('%x', cur + c) .. ':' .. z
-        if #nv == #v then
-          call('SETRANGE', lk, '0', nv)
-        else
-          call('SET', lk, nv, 'KEEPTTL')
+        if #nv ~= #v or pcall('SETRANGE', lk, '0', nv) ~= #v then
+          call('SET', lk, nv, 'KEEPTTL') -- see single
         end
       else
         local ttl = (2 * W - e) / 1000
@@ -340,12 +336,12 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       if keep then
         -- The window's index as read. A value of the same length is
         -- written over the old in place: SETRANGE keeps the expiry as
-        -- KEEPTTL does, and answers an integer where SET's OK costs Redis
-        -- a table; a longer one (rarely) is SET, which sizes it exactly.
+        -- KEEPTTL does, and answers an integer (the length) where SET's
+        -- OK costs Redis a table; a longer one (rarely) is SET, which
+        -- sizes it exactly, and so is any value if SETRANGE fails (a
+        -- user whose ACL does not grant it).
         local nv = x .. ':' .. format('%x', cnt + c)
-        if #nv == #v then
-          call('SETRANGE', k, '0', nv)
-        else
+        if #nv ~= #v or pcall('SETRANGE', k, '0', nv) ~= #v then
           call('SET', k, nv, 'KEEPTTL')
         end
       else
@@ -390,9 +386,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       end
       if keep then
         local nv = x .. ':' .. format('%x', cur + c) .. ':' .. z -- see fixed_window
-        if #nv == #v then
-          call('SETRANGE', k, '0', nv)
-        else
+        if #nv ~= #v or pcall('SETRANGE', k, '0', nv) ~= #v then
           call('SET', k, nv, 'KEEPTTL')
         end
       else
@@ -982,9 +976,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
     if a ~= 2 then
       if WTTL == 0 then
         -- In place if it keeps its length (see single).
-        if #WVAL == WLEN then
-          call('SETRANGE', k, '0', WVAL)
-        else
+        if #WVAL ~= WLEN or pcall('SETRANGE', k, '0', WVAL) ~= WLEN then
           call('SET', k, WVAL, 'KEEPTTL')
         end
       else
