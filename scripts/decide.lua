@@ -92,20 +92,20 @@
 -- its expiry, and its value, if it keeps its length, is written over in
 -- place (SETRANGE from 0: SET's OK costs Redis a table, SET ... PX twice
 -- what SET ... KEEPTTL does). A fixed_window decision alone in its call
--- costs 44.1k instructions (a naive EVALSHA of INCRBY 23.0k): the EVALSHA
+-- costs 44.1k instructions (a naive EVALSHA of INCRBY 22.9k): the EVALSHA
 -- itself 13.1k, TIME 6.7k and its conversion 1.3k (every algorithm needs
 -- the time, and only Redis's own keeps replicas with skewed clocks
 -- agreeing), the GET 3.4k and the SETRANGE 4k, Redis making ARGV 2.2k and
 -- Lua's garbage collection 3.8k (a full collection every 50 calls, mostly
 -- sweeping Redis's whole Lua heap; an empty script's is 2.2k), unpacking
 -- the argument 2.3k, the value's parsing 2.2k and formatting 1.4k, the
--- answer 0.7k; TIME, GET and a SETRANGE alone are 30.8k, and a key per
+-- answer 0.7k; TIME, GET and a SETRANGE alone are 30.6k, and a key per
 -- window index with a bare INCRBY (PEXPIRE on the first), Redis TIME and
 -- the same integer answer 35.8k, the least a change of format could reach.
--- sliding_window_counter costs 45.7k, a bucket 56.9-57.3k (its SET moves
+-- sliding_window_counter costs 45.8k, a bucket 57.0-57.2k (its SET moves
 -- the expiry, as it must: a key lives a full refill or drain after its
--- last write), three rules on one key 146k; in batches of 50, 24.0k a
--- decision (fixed_window) and 25.4k (sliding_window_counter).
+-- last write), three rules on one key 145k; in batches of 50, 24.0k a
+-- decision (fixed_window) and 25.5k (sliding_window_counter).
 
 -- Globals and their fields are looked up once, into locals, the one-rule
 -- path's first and the general path's after it.
