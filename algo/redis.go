@@ -80,6 +80,10 @@ type Redis struct {
 	// clock, when set, pins the scripts' time. Only tests set it;
 	// production always lets the scripts read Redis TIME.
 	clock func() time.Time
+	// general, when set, sends every call as a batch, never in
+	// decide.lua's one-rule layout: the previous release's script reads
+	// only the batch. Only tests set it.
+	general bool
 }
 
 // RedisOptions configures a Redis store.

@@ -12,8 +12,9 @@ import (
 
 // previousDecide is the decide.lua of the release before this one, whose
 // replicas share Redis with this release's during a rolling upgrade. It
-// reads the batch and writes the reply as this release's does; it is
-// replaced when a release changes the state the scripts keep.
+// reads the batch as this release's does (not the one-rule layout, which
+// the store then does not send it), and this release reads its replies; it
+// is replaced when a release changes the state the scripts keep.
 const previousDecide = "testdata/decide_previous.lua"
 
 // usePreviousScript makes rs run the previous release's decide.lua.
@@ -25,6 +26,7 @@ func usePreviousScript(t *testing.T, rs *Redis) {
 	}
 	rs.decideSHA = digest(string(src))
 	rs.decideSHAArg, rs.decideSrcArg = rs.decideSHA, string(src)
+	rs.general = true
 }
 
 // TestRollingUpgradeSharesState decides random sequences on one Redis by

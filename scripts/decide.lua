@@ -10,7 +10,15 @@
 --       in Redis Cluster, every key of the batch, all of one hash slot, so
 --       the cluster routes the call and checks the slot. The script reads
 --       its keys from ARGV[1] either way.
--- ARGV[1]: the batch, little-endian binary (struct formats in brackets):
+-- ARGV[1]: little-endian binary (struct formats in brackets), one of two
+--   layouts, told apart by the first byte:
+--   one rule a call of one request of one rule (not sliding_window_log)
+--            that wants no refund token, every call at low load: [B] its
+--            algorithm (below), [H] key length and the key, [d] limit,
+--            [d] window (µs), [d] max cost, [B] flags (1 shadow, 2 a
+--            pinned time follows), [d] cost, for a bucket [d] burst and
+--            [d] delay (µs), and with flag 2 [d] the time as below
+--   batch    three zero bytes, then
 --   header   [d] the time in µs since 2020-01-01T00:00:00Z, or -1 to read
 --                Redis TIME (production always reads TIME, so replicas with
 --                skewed clocks agree; only tests pin the time)
@@ -26,21 +34,30 @@
 --            policy's place in the policies above (0 for the first),
 --            [B] shadow (1: its denial does not deny), [d] cost, [H] key
 --            length and the key
+--   The batch after its three zero bytes is the previous release's whole
+--   argument, which the store sends a script of that release (tests).
 -- Reply: one string, little-endian binary: per request, [B] admitted
 --   (1 or 0), then per rule [B] allowed (1 or 0), [B] reason (0 none,
 --   1 limited, 2 cost too high), [d] remaining, [d] reset after (µs),
 --   [d] retry after (µs), [d] delay (µs), and with flag 1 [d] a refund
 --   token for refund.lua: the window index written (fixed_window,
 --   sliding_window_counter), the entry's time (sliding_window_log), 0 for
---   the others. Every value is a whole number; Go reads it as C casts a Lua
---   number to a Redis integer (towards zero). One string, packed here, costs
---   Redis a third of what an array of integers does to convert. An
---   admitted request's allowing rules answer with their counts after
---   consuming; otherwise every rule answers with the counts that stand.
+--   the others. A request of one rule that it admits with no delay, when no
+--   refund token is wanted, answers [B] 2, [d] remaining, [d] reset after
+--   instead; and a call of only such a request answers one integer,
+--   remaining + (capacity + 1) * reset after (capacity: the burst of a
+--   bucket, else the limit), when that is below 2^53, which Redis answers
+--   far more cheaply than a string. Every value is a whole number; Go reads
+--   it as C casts a Lua number to a Redis integer (towards zero). One
+--   string, packed here, costs Redis a third of what an array of integers
+--   does to convert. An admitted request's allowing rules answer with their
+--   counts after consuming; otherwise every rule answers with the counts
+--   that stand.
 --
 -- State, by algorithm, each in one key that expires when its state no longer
--- matters (a bucket's: a full refill or drain after its last write; hex integers are written with %x, which keeps the keys redis
--- holds most of small):
+-- matters (a bucket's: a full refill or drain after its last write; hex
+-- integers are written with %x, which keeps the keys Redis holds most of
+-- small):
 --   fixed_window            string "<window index>:<count>" in hex
 --   sliding_window_counter  string "<window index>:<count>:<previous count>"
 --   token_bucket            string [dd]: last update (µs), tokens
@@ -64,34 +81,60 @@
 -- instructions Redis executes, counted with callgrind on redis-server
 -- (TestCallgrind in package algo, Redis 7.0): a redis.call costs thousands
 -- of instructions, a call into C (struct.pack, string.format, tonumber) and
--- a closure's every upvalue several hundred, a table write or a global's
--- lookup one to four hundred, the arithmetic around them tens. So a request
--- of one rule, every call at low load and most requests of a batch, is
--- decided by single, with no table; a request of several by rule, which
--- keeps each rule's answer in its locals; both take what they use as
--- arguments; and a key written again in the same window keeps its expiry
--- (SET ... KEEPTTL), as a SET with PX costs Redis twice as much. A
--- fixed_window decision alone in its call costs 53.7k instructions (a
--- naive EVALSHA of INCRBY 22.9k): the EVALSHA itself 14.6k, TIME and its
--- conversion 8.3k (every algorithm needs the time, and only Redis's own
--- keeps replicas with skewed clocks agreeing), the GET 3.5k and the SET 7k,
--- unpacking the batch 5.9k, the value's parsing 3.3k and formatting 2.4k,
--- the answer's packing 2.5k; TIME, GET and SET KEEPTTL alone, the least a
--- window kept as "<index>:<count>" costs, are 32.1k. sliding_window_counter
--- costs 56.8k, a bucket 59.3-59.6k (its SET moves the expiry), three rules
--- on one key 147k; in batches of 50, 28.2k a decision (fixed_window) and
--- 31.7k (sliding_window_counter).
+-- a closure's every upvalue several hundred, a Lua function's call and
+-- arguments, a table write, a global's lookup or a value unpacked about a
+-- hundred each, the arithmetic around them tens. So a window (fixed_window,
+-- sliding_window_counter) alone in its call is decided in the chunk itself,
+-- with no function, no table and one unpack; any other request of one rule,
+-- and most requests of a batch, by single, with no table; a request of
+-- several by rule, which keeps each rule's answer in its locals; both take
+-- what they use as arguments. A window counted again in its window keeps
+-- its expiry, and its value, if it keeps its length, is written over in
+-- place (SETRANGE from 0: SET's OK costs Redis a table, SET ... PX twice
+-- what SET ... KEEPTTL does). A fixed_window decision alone in its call
+-- costs 44.1k instructions (a naive EVALSHA of INCRBY 22.9k): the EVALSHA
+-- itself 13.1k, TIME 6.7k and its conversion 1.3k (every algorithm needs
+-- the time, and only Redis's own keeps replicas with skewed clocks
+-- agreeing), the GET 3.4k and the SETRANGE 4k, Redis making ARGV 2.2k and
+-- Lua's garbage collection 3.8k (a full collection every 50 calls, mostly
+-- sweeping Redis's whole Lua heap; an empty script's is 2.2k), unpacking
+-- the argument 2.3k, the value's parsing 2.2k and formatting 1.4k, the
+-- answer 0.7k; TIME, GET and a SETRANGE alone are 30.6k, and a key per
+-- window index with a bare INCRBY (PEXPIRE on the first), Redis TIME and
+-- the same integer answer 35.8k, the least a change of format could reach.
+-- sliding_window_counter costs 45.8k, a bucket 57.0-57.2k (its SET moves
+-- the expiry, as it must: a key lives a full refill or drain after its
+-- last write), three rules on one key 145k; in batches of 50, 24.0k a
+-- decision (fixed_window) and 25.5k (sliding_window_counter).
 
--- A global and its field cost Redis about as much as a small call into C:
--- single's names are looked up first, the general path's after it.
-local sunpack, spack = struct.unpack, struct.pack
-local call, pcall = redis.call, redis.pcall
-local format, match = string.format, string.match
+-- Globals and their fields are looked up once, into locals, the one-rule
+-- path's first and the general path's after it.
+local S, R, str = struct, redis, string
+local sunpack, spack = S.unpack, S.pack
+local call, pcall = R.call, R.pcall
+local format, match = str.format, str.match
+local tonumber = tonumber
 
 local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
 
+-- One unpack reads the one-rule layout whole, and a batch's three zero
+-- bytes as algorithm 0 and an empty key (and what follows as numbers it
+-- then ignores).
 local blob = ARGV[1]
-local now, nreq, npol, flags, pos = sunpack('<dHHB', blob)
+local a, lk, L, W, M, sh, c, pos = sunpack('<BHc0dddBd', blob)
+local now, nreq, npol, flags, B, D = -1
+if a ~= 0 then
+  if a > 3 then
+    B, D, pos = sunpack('<dd', blob, pos)
+  end
+  if sh > 1 then
+    sh, now = sh - 2, sunpack('<d', blob, pos)
+  end
+  nreq, npol, flags = 1, 1, 0
+else
+  lk = nil
+  now, nreq, npol, flags, pos = sunpack('<dHHB', blob, 4)
+end
 local slack = 0
 if now < 0 then
   local t = call('TIME')
@@ -105,6 +148,135 @@ else
   -- tests an hour of slack so a key never expires under a test's feet.
   slack = 3600000
 end
+-- A window (fixed_window, sliding_window_counter) in the one-rule layout is
+-- decided here, in the chunk itself, as single below decides one, line for
+-- line: the closure single is and the call into it cost Redis as much as
+-- the window's arithmetic (TestDifferential and TestBatchMatchesSequential
+-- hold both to the memory store). A sliding_window_counter denied by its
+-- limit goes on to the general path, which works out its wait.
+if lk and a < 4 then
+  local v = pcall('GET', lk)
+  local w, n, x, z
+  if v then
+    if #v == 0 then
+      -- An error (a table, whose length is 0) or an empty string.
+      local e = v.err
+      if e and not string.find(e, 'WRONGTYPE', 1, true) then
+        error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+      end
+    else
+      local y
+      x, y, z = match(v, '^(%x+):(%x+):?(%x*)$')
+      if x then
+        w, n = tonumber(x, 16), tonumber(y, 16)
+      end
+    end
+  end
+  local idx = (now - now % W) / W
+  local rem, reset -- an admission's
+  if a == 1 then -- fixed_window
+    local cnt, keep = 0, false
+    if w and w >= idx then
+      idx, cnt, keep = w, n, true
+    end
+    local ending = (idx + 1) * W - now
+    if c > M or cnt + c > L then
+      local all, r = 0, 0
+      if sh == 1 then
+        all = 1
+      end
+      if cnt > 0 then
+        r = ending
+      end
+      if c > M then
+        return spack('<BBBdddd', all, 0, 2, L - cnt, r, 0, 0, 0)
+      end
+      return spack('<BBBdddd', all, 0, 1, L - cnt, r, ending, 0, 0)
+    end
+    if keep then
+      local nv = x .. ':' .. format('%x', cnt + c) -- see single
+      if #nv ~= #v or pcall('SETRANGE', lk, '0', nv) ~= #v then
+        call('SET', lk, nv, 'KEEPTTL') -- see single
+      end
+    else
+      local ttl = ending / 1000
+      if ttl % 1 > 0 then
+        ttl = ttl - ttl % 1 + 1
+      end
+      if ttl < 1 then
+        ttl = 1
+      end
+      call('SET', lk, format('%x:%x', idx, cnt + c), 'PX', ttl + slack)
+    end
+    rem, reset = L - cnt - c, ending
+  else -- sliding_window_counter
+    local cur, prev, keep = 0, 0, false
+    if w then
+      if w >= idx then
+        idx, cur, keep = w, n, true
+        if z == '' then
+          z = '0'
+        elseif z ~= '0' then
+          prev = tonumber(z, 16)
+        end
+      elseif w == idx - 1 then
+        prev = n
+      end
+    end
+    local e = now - idx * W
+    if e < 0 then
+      e = 0
+    end
+    local est = prev * (W - e) / W + cur
+    if c <= M and est + c <= L then
+      local left = L - est - c
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      if keep then
+        local nv = x .. ':' .. format('%x', cur + c) .. ':' .. z
+        if #nv ~= #v or pcall('SETRANGE', lk, '0', nv) ~= #v then
+          call('SET', lk, nv, 'KEEPTTL') -- see single
+        end
+      else
+        local ttl = (2 * W - e) / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
+        end
+        if ttl < 1 then
+          ttl = 1
+        end
+        call('SET', lk, format('%x:%x:%x', idx, cur + c, prev), 'PX', ttl + slack)
+      end
+      rem, reset = left, 2 * W - e
+    elseif c > M then
+      local all, left, r = 0, L - est, 0
+      if sh == 1 then
+        all = 1
+      end
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      if cur > 0 then
+        r = 2 * W - e
+      elseif prev > 0 then
+        r = W - e
+      end
+      return spack('<BBBdddd', all, 0, 2, left, r, 0, 0, 0)
+    end
+  end
+  if rem then
+    -- Admitted: see the one-rule call below.
+    local r = reset * (L + 1) + rem
+    if r < 9007199254740992 then
+      return r
+    end
+    return spack('<Bdd', 2, rem, reset)
+  end
+end
+
 local tokens_wanted = flags % 2 == 1
 -- The reply formats of a request's first rule (with its admitted byte) and
 -- of the others, with or without refund tokens.
@@ -121,8 +293,134 @@ end
 -- general path's, operation for operation. It takes what it uses as
 -- arguments, not as upvalues: making a closure with upvalues costs Redis
 -- several times what the call does.
-local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
-  if a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
+local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpack, spack, call, pcall, format, match, tonumber)
+  if a == 1 or a == 3 then -- fixed_window, sliding_window_counter
+    local v = pcall('GET', k)
+    local w, n, x, z
+    if v then
+      if #v == 0 then
+        -- An error (a table, whose length is 0) or an empty string.
+        local e = v.err
+        if e and not string.find(e, 'WRONGTYPE', 1, true) then
+          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+        end
+      else
+        local y
+        x, y, z = match(v, '^(%x+):(%x+):?(%x*)$')
+        if x then
+          w, n = tonumber(x, 16), tonumber(y, 16)
+        end
+      end
+    end
+    local idx = (now - now % W) / W
+    -- What only a denial answers is worked out only for one.
+    if a == 1 then -- fixed_window
+      local cnt, keep = 0, false
+      if w and w >= idx then
+        idx, cnt, keep = w, n, true
+      end
+      local ending = (idx + 1) * W - now
+      if c > M or cnt + c > L then
+        local all, reset = 0, 0
+        if sh == 1 then
+          all = 1
+        end
+        if cnt > 0 then
+          reset = ending
+        end
+        if c > M then
+          return spack(FIRST, all, 0, 2, L - cnt, reset, 0, 0, 0)
+        end
+        return spack(FIRST, all, 0, 1, L - cnt, reset, ending, 0, 0)
+      end
+      if keep then
+        -- The window's index as read. A value of the same length is
+        -- written over the old in place: SETRANGE keeps the expiry as
+        -- KEEPTTL does, and answers an integer (the length) where SET's
+        -- OK costs Redis a table; a longer one (rarely) is SET, which
+        -- sizes it exactly, and so is any value if SETRANGE fails (a
+        -- user whose ACL does not grant it).
+        local nv = x .. ':' .. format('%x', cnt + c)
+        if #nv ~= #v or pcall('SETRANGE', k, '0', nv) ~= #v then
+          call('SET', k, nv, 'KEEPTTL')
+        end
+      else
+        local ttl = ending / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
+        end
+        if ttl < 1 then
+          ttl = 1
+        end
+        call('SET', k, format('%x:%x', idx, cnt + c), 'PX', ttl + slack)
+      end
+      if lean then
+        return L - cnt - c, ending
+      end
+      return spack(FIRST, 1, 1, 0, L - cnt - c, ending, 0, 0, idx)
+    end
+    -- sliding_window_counter
+    local cur, prev, keep = 0, 0, false
+    if w then
+      if w >= idx then
+        idx, cur, keep = w, n, true
+        if z == '' then
+          z = '0'
+        elseif z ~= '0' then
+          prev = tonumber(z, 16)
+        end
+      elseif w == idx - 1 then
+        prev = n
+      end
+    end
+    local e = now - idx * W
+    if e < 0 then
+      e = 0
+    end
+    local est = prev * (W - e) / W + cur
+    if c <= M and est + c <= L then
+      local left = L - est - c
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      if keep then
+        local nv = x .. ':' .. format('%x', cur + c) .. ':' .. z -- see fixed_window
+        if #nv ~= #v or pcall('SETRANGE', k, '0', nv) ~= #v then
+          call('SET', k, nv, 'KEEPTTL')
+        end
+      else
+        local ttl = (2 * W - e) / 1000
+        if ttl % 1 > 0 then
+          ttl = ttl - ttl % 1 + 1
+        end
+        if ttl < 1 then
+          ttl = 1
+        end
+        call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'PX', ttl + slack)
+      end
+      if lean then
+        return left, 2 * W - e
+      end
+      return spack(FIRST, 1, 1, 0, left, 2 * W - e, 0, 0, idx)
+    elseif c > M then
+      local all, left, reset = 0, L - est, 0
+      if sh == 1 then
+        all = 1
+      end
+      left = left - left % 1
+      if left < 0 then
+        left = 0
+      end
+      if cur > 0 then
+        reset = 2 * W - e
+      elseif prev > 0 then
+        reset = W - e
+      end
+      return spack(FIRST, all, 0, 2, left, reset, 0, 0, 0)
+    end
+    -- Denied: the general path works out the wait.
+  elseif a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
     local v = pcall('GET', k)
     local t, x
     if v then
@@ -219,125 +517,50 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, sp
         H = 1
       end
       call('SET', k, spack('<dd', now, level), 'PX', H + slack)
+      if lean and delay == 0 then
+        return rem, reset
+      end
       return spack(FIRST, 1, 1, 0, rem, reset, 0, delay, 0)
-    end
-    -- Denied: the general path works out the wait.
-  elseif a == 1 or a == 3 then
-    local v = pcall('GET', k)
-    local w, n, pv
-    if v then
-      local e = v.err
-      if e then
-        if not string.find(e, 'WRONGTYPE', 1, true) then
-          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
-        end
-      else
-        local x, y, z = match(v, '^(%x+):(%x+):?(%x*)$')
-        if x then
-          w, n, pv = tonumber(x, 16), tonumber(y, 16), 0
-          if z ~= '' then
-            pv = tonumber(z, 16)
-          end
-        end
-      end
-    end
-    local idx = (now - now % W) / W
-    local all = 1
-    if sh ~= 1 then
-      all = 0
-    end
-    if a == 1 then -- fixed_window
-      local cnt, keep = 0, false
-      if w and w >= idx then
-        idx, cnt, keep = w, n, true
-      end
-      local ending = (idx + 1) * W - now
-      local reset = 0
-      if cnt > 0 then
-        reset = ending
-      end
-      if c > M then
-        return spack(FIRST, all, 0, 2, L - cnt, reset, 0, 0, 0)
-      elseif cnt + c > L then
-        return spack(FIRST, all, 0, 1, L - cnt, reset, ending, 0, 0)
-      end
-      if keep then
-        call('SET', k, format('%x:%x', idx, cnt + c), 'KEEPTTL')
-      else
-        local ttl = ending / 1000
-        if ttl % 1 > 0 then
-          ttl = ttl - ttl % 1 + 1
-        end
-        if ttl < 1 then
-          ttl = 1
-        end
-        call('SET', k, format('%x:%x', idx, cnt + c), 'PX', ttl + slack)
-      end
-      return spack(FIRST, 1, 1, 0, L - cnt - c, ending, 0, 0, idx)
-    end
-    -- sliding_window_counter
-    local cur, prev, keep = 0, 0, false
-    if w then
-      if w >= idx then
-        idx, cur, prev, keep = w, n, pv, true
-      elseif w == idx - 1 then
-        prev = n
-      end
-    end
-    local e = now - idx * W
-    if e < 0 then
-      e = 0
-    end
-    local est = prev * (W - e) / W + cur
-    local left = L - est
-    left = left - left % 1
-    if left < 0 then
-      left = 0
-    end
-    local reset = 0
-    if cur > 0 then
-      reset = 2 * W - e
-    elseif prev > 0 then
-      reset = W - e
-    end
-    if c > M then
-      return spack(FIRST, all, 0, 2, left, reset, 0, 0, 0)
-    elseif est + c <= L then
-      left = L - est - c
-      left = left - left % 1
-      if left < 0 then
-        left = 0
-      end
-      if keep then
-        call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'KEEPTTL')
-      else
-        local ttl = (2 * W - e) / 1000
-        if ttl % 1 > 0 then
-          ttl = ttl - ttl % 1 + 1
-        end
-        if ttl < 1 then
-          ttl = 1
-        end
-        call('SET', k, format('%x:%x:%x', idx, cur + c, prev), 'PX', ttl + slack)
-      end
-      return spack(FIRST, 1, 1, 0, left, 2 * W - e, 0, 0, idx)
     end
     -- Denied: the general path works out the wait.
   end
 end
 
 -- One request (so one rule: a request names a policy once).
-if nreq == 1 and npol == 1 then
-  local a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
-  local s = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
+if lk or nreq == 1 and npol == 1 then
+  local k = lk
+  if not k then
+    local _
+    a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
+  end
+  local s, reset
+  if a ~= 2 and (not lk or a > 3) then -- a window in the one-rule layout was decided above
+    s, reset = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match, tonumber)
+  end
+  if reset then
+    -- Admitted: remaining + (capacity + 1) * reset after, one integer.
+    local v = L
+    if a > 3 then
+      v = B
+    end
+    v = reset * (v + 1) + s
+    if v < 9007199254740992 then
+      return v
+    end
+    return spack('<Bdd', 2, s, reset)
+  end
   if s then
     return s
   end
+  if lk then
+    -- Denied, and the general path works out the wait: from the batch
+    -- the call would otherwise have been.
+    blob, pos = spack('<BdddddBdHBdH', a, L, W, B or 0, D or 0, M, 1, 0, 0, sh, c, #lk) .. lk, 1
+  end
 end
 
-local sub, find, rep = string.sub, string.find, string.rep
-local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
-local concat = table.concat
+-- What only a rare path uses (math's, string.sub) it looks up itself.
+local find, rep, concat = str.find, str.rep, table.concat
 
 -- Policies, 6 values each from V[6 * place + 1], in one table built by its
 -- constructor from one unpack: a table per policy, or a table that grows by
@@ -348,7 +571,13 @@ if npol == 1 then
   V = { sunpack('<Bddddd', blob, pos) }
   pos = V[7]
 elseif npol <= 32 then
-  V = { sunpack('<' .. rep('Bddddd', npol), blob, pos) }
+  local f = '<BdddddBddddd' -- two, three or more, with no call into C for a few
+  if npol == 3 then
+    f = '<BdddddBdddddBddddd'
+  elseif npol > 3 then
+    f = '<' .. rep('Bddddd', npol)
+  end
+  V = { sunpack(f, blob, pos) }
   pos = V[6 * npol + 1]
 else
   -- More values than one call should push at once: a policy at a time.
@@ -358,7 +587,8 @@ else
   end
 end
 
--- hexes reads "a:b" or "a:b:c" (c = 0 for the first); nil if v is not one.
+-- hexes reads "a:b" or "a:b:c" (c = 0 for the first), and v's length; nil
+-- if v is not one.
 -- v is what redis.pcall answered: a string, false (no key) or an error
 -- (a table with err); a string's err is nil, read with no call into C.
 local function hexes(v)
@@ -377,9 +607,9 @@ local function hexes(v)
     return nil
   end
   if c == '' then
-    return tonumber(a, 16), tonumber(b, 16), 0
+    return tonumber(a, 16), tonumber(b, 16), 0, #v
   end
-  return tonumber(a, 16), tonumber(b, 16), tonumber(c, 16)
+  return tonumber(a, 16), tonumber(b, 16), tonumber(c, 16), #v
 end
 
 -- level_at is a bucket's level at a time: a token bucket's tokens
@@ -424,7 +654,7 @@ end
 -- locals (upper case) rather than in a table, which costs Redis more. It
 -- returns the verdict and where the request ends in the batch. It takes
 -- what it uses as arguments, not as upvalues (see single).
-local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format)
   local REBASE = 4503599627370496 -- 2^52: a log's totals restart below this
   local SWEEP = 64 -- left-behind log entries removed per admission, at most
   local RETRY_STEPS = 4
@@ -435,10 +665,10 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
   local v = 6 * id
   local a, L, W, B, D, M = V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6]
   local OK, HREM, HRESET, HRETRY, TDELAY, TOKEN = 0, 0, 0, 0, 0, 0
-  local TREM, TRESET, WVAL, WTTL, LAT, LRANK, LTOTAL
+  local TREM, TRESET, WVAL, WTTL, WLEN, LAT, LRANK, LTOTAL
   if a == 1 then -- fixed_window
     local idx, n, keep = (now - now % W) / W, 0, false
-    local w, cnt = hexes(pcall('GET', k))
+    local w, cnt, _, len = hexes(pcall('GET', k))
     if w and w >= idx then
       -- Now's window, or a later one (the clock stepped back): its
       -- key already expires when the window ends.
@@ -455,7 +685,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       OK, TREM, TRESET = 1, L - n - c, ending
       WVAL, TOKEN = format('%x:%x', idx, n + c), idx
       if keep then
-        WTTL = 0
+        WTTL, WLEN = 0, len
       else
         local ttl = ending / 1000
         if ttl % 1 > 0 then
@@ -468,7 +698,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       end
     end
   elseif a == 3 then -- sliding_window_counter
-    local w, n, pv = hexes(pcall('GET', k))
+    local w, n, pv, len = hexes(pcall('GET', k))
     local idx, cur, prev, keep = (now - now % W) / W, 0, 0, false
     if w then
       if w >= idx then
@@ -507,7 +737,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       OK, TREM, TRESET = 1, left, 2 * W - e
       WVAL, TOKEN = format('%x:%x:%x', idx, cur + c, prev), idx
       if keep then
-        WTTL = 0
+        WTTL, WLEN = 0, len
       else
         local ttl = (2 * W - e) / 1000
         if ttl % 1 > 0 then
@@ -519,14 +749,15 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
         WTTL = ttl + slack
       end
     else
+      local max = math.max
       local wait
       if cur + c <= L then
         -- Only the previous window's weight must shrink.
-        wait = max(ceil(W - (L - cur - c) * W / prev - e), 1)
+        wait = max(math.ceil(W - (L - cur - c) * W / prev - e), 1)
       else
         -- Wait into the next window, where this window's count is the
         -- previous.
-        wait = W - e + max(ceil(W - (L - c) * W / cur), 0)
+        wait = W - e + max(math.ceil(W - (L - c) * W / cur), 0)
       end
       -- Check the wait against the state as it stands.
       local function admits(at)
@@ -550,6 +781,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       HRETRY = wait
     end
   elseif a == 2 then -- sliding_window_log
+    local sub, floor, max = string.sub, math.floor, math.max
     -- Constant arguments are strings: Redis converts a number argument
     -- with a printf of its own.
     local newest = pcall('ZRANGE', k, '-1', '-1', 'WITHSCORES')
@@ -596,7 +828,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       HRETRY = tonumber(call('ZRANGE', k, lo, lo, 'WITHSCORES')[2]) + W - now
     else
       OK, TREM, TRESET = 1, L - n - c, at + W - now
-      LAT, LRANK, WTTL, TOKEN = at, rank, max(ceil((at + W - now) / 1000), 1) + slack, at
+      LAT, LRANK, WTTL, TOKEN = at, rank, max(math.ceil((at + W - now) / 1000), 1) + slack, at
       LTOTAL = total + c
     end
   else -- token_bucket (4); leaky_bucket (5) and gcra (6), which is one with it
@@ -605,7 +837,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
     if v then
       local e = v.err
       if e then
-        if not find(e, 'WRONGTYPE', 1, true) then
+        if not string.find(e, 'WRONGTYPE', 1, true) then
           error(v) -- not a wrong type: the key cannot be read (an ACL, say)
         end
       elseif #v == 16 then
@@ -657,7 +889,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       -- denied: cost too high
     elseif a == 4 then
       if level < c then
-        local wait = ceil((c - level) * W / L)
+        local wait = math.ceil((c - level) * W / L)
         for _ = 1, RETRY_STEPS do
           if level_at(a, t, x, B, L, W, now + wait) >= c then
             break
@@ -678,13 +910,13 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       -- The request waits until enough has drained for it to fit.
       local over, wait = level + c - B, 0
       if over > 0 then
-        wait = ceil(over * W / L)
+        wait = math.ceil(over * W / L)
       end
       if wait > D then
         local retry = wait - D
         for _ = 1, RETRY_STEPS do
           local o = level_at(a, t, x, B, L, W, now + retry) + c - B
-          if o <= 0 or ceil(o * W / L) <= D then
+          if o <= 0 or math.ceil(o * W / L) <= D then
             break
           end
           retry = retry + 1
@@ -731,7 +963,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
     all = 0
   end
   if i < nrules then
-    all, pos = rule(i + 1, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+    all, pos = rule(i + 1, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format)
   end
   -- Phase two: only if the request is admitted, write, and answer with the
   -- counts after consuming; otherwise answer with the counts as they stand.
@@ -743,12 +975,16 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
   elseif all == 1 then
     if a ~= 2 then
       if WTTL == 0 then
-        call('SET', k, WVAL, 'KEEPTTL')
+        -- In place if it keeps its length (see single).
+        if #WVAL ~= WLEN or pcall('SETRANGE', k, '0', WVAL) ~= WLEN then
+          call('SET', k, WVAL, 'KEEPTTL')
+        end
       else
         call('SET', k, WVAL, 'PX', WTTL)
       end
     else
       -- Record the admission in the log.
+      local sub, min = string.sub, math.min
       local total, rank = LTOTAL, LRANK
       if WVAL == 'replace' then
         call('DEL', k)
@@ -790,10 +1026,13 @@ for _ = 1, nreq do
   -- A request of one rule is single's, unless it is denied and must work
   -- out its wait; rule reads the rules again from the first.
   local nrules, rid, id, sh, c, k, at = sunpack('<BdHBdHc0', blob, pos)
-  local s
-  if nrules == 1 then
+  local s, reset
+  if nrules == 1 and not lk then
     local v = 6 * id
-    s = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, sunpack, spack, call, pcall, format, match)
+    s, reset = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match, tonumber)
+    if reset then
+      s = spack('<Bdd', 2, s, reset)
+    end
     if s then
       r = r + 1
       reply[r], pos = s, at
@@ -801,7 +1040,7 @@ for _ = 1, nreq do
   end
   if not s then
     local _
-    _, pos = rule(1, nrules, 1, pos + 9, r, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format, find, sub, floor, ceil, min, max)
+    _, pos = rule(1, nrules, 1, pos + 9, r, rid, blob, V, now, slack, reply, FIRST, NEXT, hexes, level_at, rule, sunpack, spack, call, pcall, format)
     r = r + nrules
   end
 end

@@ -11,11 +11,12 @@ import (
 )
 
 // allowedScript calls every command the limited user may call from Lua.
-// KEYS[1] is a string key, KEYS[2] a sorted set; it returns the GET, the
-// final ZCARD and the EXISTS count.
+// KEYS[1] is a string key, KEYS[2] a sorted set; it returns the GET (after
+// the SETRANGE), the final ZCARD and the EXISTS count.
 const allowedScript = `
 redis.call('TIME')
 redis.call('SET', KEYS[1], 'x', 'PX', 60000)
+redis.call('SETRANGE', KEYS[1], '0', 'y')
 local v = redis.call('GET', KEYS[1])
 redis.call('ZADD', KEYS[2], 1, 'a', 2, 'b', 3, 'c')
 redis.call('ZRANGE', KEYS[2], '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 2)
@@ -33,7 +34,7 @@ return {v, n, e}
 
 func TestLimitedUserRulesLine(t *testing.T) {
 	// The line LimitedUserRules documents, which the README quotes.
-	const want = "reset on >PASSWORD ~PREFIX:* resetchannels -@all +ping +select +client|setname +eval +evalsha +script|load +get +set +del +exists +pexpire +zadd +zcard +zrange +zrank +zrem +zremrangebyrank +zscore +time"
+	const want = "reset on >PASSWORD ~PREFIX:* resetchannels -@all +ping +select +client|setname +eval +evalsha +script|load +get +set +setrange +del +exists +pexpire +zadd +zcard +zrange +zrank +zrem +zremrangebyrank +zscore +time"
 	if got := strings.Join(LimitedUserRules("PASSWORD", "PREFIX"), " "); got != want {
 		t.Errorf("LimitedUserRules =\n%s\nwant (as documented)\n%s", got, want)
 	}
@@ -83,7 +84,7 @@ func TestACLUser(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Script.Run = %v", err)
 			}
-			if want := "[x 1 2]"; fmt.Sprint(got) != want {
+			if want := "[y 1 2]"; fmt.Sprint(got) != want {
 				t.Errorf("Script.Run = %v, want %s", got, want)
 			}
 			if err := script.Load(ctx, c).Err(); err != nil {
