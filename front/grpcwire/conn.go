@@ -2,6 +2,7 @@ package grpcwire
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,9 @@ const (
 	// drainTime is how long a closing connection reads on, so that the
 	// client reads the last frames before the socket closes.
 	drainTime = time.Second
+	// maxKeptBlock is the largest header block kept to be recognized
+	// when it comes again (see conn.last).
+	maxKeptBlock = 1024
 )
 
 // Buffers of response messages and of requests.
@@ -76,10 +80,17 @@ type conn struct {
 	dec *hpack.Decoder
 
 	// reader
-	block      []byte // the header block being received
-	blockID    uint32
-	blockEnd   bool // its HEADERS frame ended the stream
-	hdr        reqHeaders
+	block    []byte // the header block being received
+	blockID  uint32
+	blockEnd bool // its HEADERS frame ended the stream
+	hdr      reqHeaders
+	// last is the previous header block that stood alone (see
+	// standalone), and lastHdr what it said: the same block again, as a
+	// client that sends its fields as literals kept out of the dynamic
+	// table sends on every call, is not decoded again (Huffman codes and
+	// strings included).
+	last       []byte
+	lastHdr    reqHeaders
 	connUnused int  // the connection's received bytes not yet returned
 	connRecv   int  // bytes received on the connection's window
 	opened     int  // streams opened since the read deadline was last set
@@ -568,12 +579,20 @@ func (c *conn) headers() error {
 		return err
 	}
 	id := c.blockID
-	c.hdr = reqHeaders{}
-	if _, err := c.dec.Write(c.block); err != nil {
-		return connError{http2.ErrCodeCompression, "header block: " + err.Error()}
-	}
-	if err := c.dec.Close(); err != nil {
-		return connError{http2.ErrCodeCompression, "header block: " + err.Error()}
+	if len(c.last) == 0 || !bytes.Equal(c.block, c.last) {
+		c.hdr = reqHeaders{}
+		if _, err := c.dec.Write(c.block); err != nil {
+			return connError{http2.ErrCodeCompression, "header block: " + err.Error()}
+		}
+		if err := c.dec.Close(); err != nil {
+			return connError{http2.ErrCodeCompression, "header block: " + err.Error()}
+		}
+		c.last = c.last[:0]
+		if len(c.block) <= maxKeptBlock && standalone(c.block) {
+			c.last, c.lastHdr = append(c.last, c.block...), c.hdr
+		}
+	} else {
+		c.hdr = c.lastHdr
 	}
 	if cap(c.block) > 64<<10 {
 		c.block = nil
