@@ -34,6 +34,30 @@ type call struct {
 	pending atomic.Int32 // parts not yet answered (cluster)
 	done    chan struct{}
 	timer   *time.Timer
+
+	// A DecideAsync's: who is told, where its results go, and the timer
+	// of its budget.
+	async  Done
+	out    []Result
+	expiry *time.Timer
+	// refs counts who may still read a done asynchronous call: its
+	// completer, and its timer's function unless stopped in time. The
+	// last puts it back (see release).
+	refs atomic.Int32
+}
+
+// release drops the completer's hold on a done asynchronous call, and the
+// timer's too if stopped was true (it will not run); the last to let go
+// puts the call back.
+func (r *Redis) release(c *call, stopped bool) {
+	n := int32(1)
+	if stopped {
+		n = 2
+	}
+	if c.refs.Add(-n) == 0 {
+		c.async, c.out = nil, nil
+		r.calls.Put(c)
+	}
 }
 
 // The states of a call.
@@ -158,6 +182,18 @@ func extend[T any](s []T) ([]T, *T) {
 func (r *Redis) complete(c *call, err error) bool {
 	c.err = err
 	if c.state.CompareAndSwap(callSent, callDone) || c.state.CompareAndSwap(callQueued, callDone) {
+		if d := c.async; d != nil {
+			// An asynchronous call: its Done is told here. If its
+			// budget's timer has fired meanwhile, expire (which finds
+			// the call done) puts it back.
+			if err == nil {
+				copy(c.out, c.res[:c.n])
+			}
+			admitted := c.admitted
+			r.release(c, c.expiry.Stop())
+			d.Decided(admitted, err)
+			return true
+		}
 		c.done <- struct{}{}
 		return true
 	}
@@ -250,6 +286,9 @@ func (r *Redis) relay() {
 				break // a sender has the connections; it hands on when done
 			}
 			r.gather(w)
+			// What is left wakes another relay, for a connection that
+			// may be free: batches go out side by side.
+			r.handOn()
 			if len(w.batch) > 0 {
 				r.run(w, time.Time{})
 			}
