@@ -334,7 +334,17 @@ func (e *Engine) DecideAsync(in *Input, o *Outcome, then Then) bool {
 	set := e.set.Load()
 	o.reset()
 	now := e.clock()
-	if !e.screen(set, in, o) || !e.prepare(o) {
+	if !e.screen(set, in, o) {
+		o.finish()
+		then.Decided(o)
+		return true
+	}
+	return e.decideAsync(ad, o, now, then)
+}
+
+// decideAsync asks ad about o's requests, as decide asks the Decider.
+func (e *Engine) decideAsync(ad AsyncDecider, o *Outcome, now time.Time, then Then) bool {
+	if !e.prepare(o) {
 		o.finish()
 		then.Decided(o)
 		return true
@@ -453,16 +463,42 @@ func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outco
 	o.reset()
 	defer o.finish()
 	now := e.clock()
+	if e.limits(reqs, o) {
+		e.decide(ctx, o, now)
+	}
+}
+
+// DecideLimitsAsync decides reqs as DecideLimits does, asynchronously as
+// DecideAsync decides: then is told once o holds the answer. reqs may be
+// reused once it returns.
+func (e *Engine) DecideLimitsAsync(reqs []LimitRequest, o *Outcome, then Then) bool {
+	ad, ok := e.decider.(AsyncDecider)
+	if !ok {
+		return false
+	}
+	o.reset()
+	now := e.clock()
+	if !e.limits(reqs, o) {
+		o.finish()
+		then.Decided(o)
+		return true
+	}
+	return e.decideAsync(ad, o, now, then)
+}
+
+// limits puts reqs in o's requests, and reports false, with o refused,
+// when they are invalid.
+func (e *Engine) limits(reqs []LimitRequest, o *Outcome) bool {
 	if len(reqs) > algo.MaxRules {
 		e.metrics.invalid.Inc()
 		o.refuse(Invalid, e.denyStatus, "too-many-limits", fmt.Sprintf("A request may ask at most %d limits.", algo.MaxRules))
-		return
+		return false
 	}
 	for _, q := range reqs {
 		if q.Limit == nil || q.Limit.Policy == nil {
 			e.metrics.invalid.Inc()
 			o.refuse(Invalid, e.denyStatus, "no-limit", "A request asked a limit that is not there.")
-			return
+			return false
 		}
 		from := len(o.tags)
 		o.tags = algo.AppendTag(o.tags, q.Key)
@@ -471,7 +507,7 @@ func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outco
 		o.limits = append(o.limits, q.Limit)
 		o.ruleOf = append(o.ruleOf, nil)
 	}
-	e.decide(ctx, o, now)
+	return true
 }
 
 // decide asks the Decider about o.reqs and works out the answer.
