@@ -232,3 +232,39 @@ func (d *signalDone) Decided(admitted bool, err error) {
 	}
 	d.ch <- err
 }
+
+// blockingDone signals when told, and returns only once released.
+type blockingDone struct{ told, release chan struct{} }
+
+func (d *blockingDone) Decided(bool, error) {
+	close(d.told)
+	<-d.release
+}
+
+// TestDecideAsyncToldWithConnectionFree: an asynchronous call is told its
+// outcome once its batch's connection is free again: a Done that takes
+// its time (writing to a slow client) holds up no other decision.
+func TestDecideAsyncToldWithConnectionFree(t *testing.T) {
+	srv := redistest.New(t)
+	opts, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.MaxRetries, opts.ContextTimeoutEnabled, opts.PoolSize = -1, true, 4
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	rs := NewRedis(client, RedisOptions{Prefix: srv.Prefix(t), Timeout: time.Second, Conns: 1})
+	t.Cleanup(func() { _ = rs.Close() })
+	p := mustPolicy(t, Spec{Name: "async-free", Algorithm: FixedWindow, Limit: 100, Window: time.Hour})
+	d := &blockingDone{told: make(chan struct{}), release: make(chan struct{})}
+	defer close(d.release)
+	if !rs.DecideAsync([]Request{{Policy: p, Key: []byte("a")}}, make([]Result, 1), d) {
+		t.Fatal("DecideAsync reported false")
+	}
+	<-d.told
+	// The only connection is free while d is being told.
+	ok, err := rs.Decide(context.Background(), []Request{{Policy: p, Key: []byte("b")}}, make([]Result, 1))
+	if err != nil || !ok {
+		t.Errorf("Decide while an asynchronous call is told = %v, %v; want admitted", ok, err)
+	}
+}

@@ -215,6 +215,38 @@ type worker struct {
 	place    []uint16 // per policy id: its place in that batch's table
 	gen      uint32
 	cluster  clusterWork
+	// The outcomes of the batch's asynchronous calls, told once the
+	// connection is free again (see free).
+	told []told
+}
+
+// told is an asynchronous call's outcome, for its Done.
+type told struct {
+	d        Done
+	admitted bool
+	err      error
+}
+
+// free gives w's connection back, hands on what is queued, and then tells
+// the batch's asynchronous calls their outcomes: telling one writes its
+// answer to its client, which the next batch need not wait for.
+func (r *Redis) free(w *worker) {
+	if len(w.told) == 0 {
+		r.slots <- w
+		r.handOn()
+		return
+	}
+	t := r.tells.Get().(*[]told)
+	*t = append((*t)[:0], w.told...)
+	clear(w.told)
+	w.told = w.told[:0]
+	r.slots <- w
+	r.handOn()
+	for _, x := range *t {
+		x.d.Decided(x.admitted, x.err)
+	}
+	clear(*t)
+	r.tells.Put(t)
 }
 
 // MarshalBinary is the batch as a command argument (go-redis writes an
@@ -239,8 +271,7 @@ func (r *Redis) lead(due time.Time) {
 	if len(w.batch) > 0 {
 		r.run(w, due)
 	}
-	r.slots <- w
-	r.handOn()
+	r.free(w)
 }
 
 // alone sends c, with whatever was queued meanwhile, on w's connection,
@@ -250,8 +281,7 @@ func (r *Redis) alone(w *worker, c *call) {
 	w.batch = append(w.batch[:0], c)
 	r.gatherMore(w)
 	r.run(w, c.deadline)
-	r.slots <- w
-	r.handOn()
+	r.free(w)
 	<-c.done // run completed c: it is in no one else's hands
 }
 
@@ -292,7 +322,7 @@ func (r *Redis) relay() {
 			if len(w.batch) > 0 {
 				r.run(w, time.Time{})
 			}
-			r.slots <- w
+			r.free(w)
 		}
 	}
 }
@@ -366,8 +396,27 @@ func (r *Redis) run(w *worker, due time.Time) {
 		if err == nil {
 			c.admitted = c.parts[0].admitted
 		}
+		if c.async != nil {
+			r.completeLater(w, c, err)
+			continue
+		}
 		r.complete(c, err)
 	}
+}
+
+// completeLater completes an asynchronous call of w's batch as complete
+// does, and keeps its outcome in w.told, for free to tell.
+func (r *Redis) completeLater(w *worker, c *call, err error) {
+	c.err = err
+	if !c.state.CompareAndSwap(callSent, callDone) {
+		r.calls.Put(c) // abandoned: its timer told it
+		return
+	}
+	if err == nil {
+		copy(c.out, c.res[:c.n])
+	}
+	w.told = append(w.told, told{c.async, c.admitted, err})
+	r.release(c, c.expiry.Stop())
 }
 
 // deadlineCtx is a context with a deadline and nothing else: no timer
