@@ -316,9 +316,6 @@ func (r *Redis) relay() {
 				break // a sender has the connections; it hands on when done
 			}
 			r.gather(w)
-			// What is left wakes another relay, for a connection that
-			// may be free: batches go out side by side.
-			r.handOn()
 			if len(w.batch) > 0 {
 				r.run(w, time.Time{})
 			}
