@@ -73,6 +73,7 @@ type Redis struct {
 	refundN chan struct{}  // callers applying refunds now (see refundNow)
 	owed    sync.WaitGroup // refunds queued or being applied
 	calls   sync.Pool
+	tells   sync.Pool // *[]told, for free
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	closed  sync.Once
@@ -154,6 +155,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
 	r.seq.Store(binary.LittleEndian.Uint64(b[:]) >> 12)
+	r.tells.New = func() any { return new([]told) }
 	r.calls.New = func() any {
 		c := &call{done: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 		c.timer.Stop()
@@ -162,8 +164,13 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 	for i := 0; i < r.conns; i++ {
 		r.slots <- &worker{}
 	}
-	r.wg.Add(1)
-	go r.relay()
+	// A relay per connection: calls queued by DecideAsync have no caller
+	// waiting to send them, and as many batches may be on the wire at
+	// once as when callers send.
+	r.wg.Add(r.conns)
+	for range r.conns {
+		go r.relay()
+	}
 	if r.cluster != nil {
 		r.wg.Add(1)
 		go r.refundLoop()
@@ -358,6 +365,7 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 		r.calls.Put(c)
 		return false, err
 	}
+	c.async, c.out = nil, nil
 	wait := r.timeout
 	if d, ok := ctx.Deadline(); ok && (wait == 0 || time.Until(d) < wait) {
 		wait = time.Until(d)
@@ -422,4 +430,83 @@ func (r *Redis) finish(c *call, reqs []Request, res []Result) (bool, error) {
 	}
 	copy(res, c.res[:len(reqs)])
 	return c.admitted, nil
+}
+
+// Done is told the outcome of a DecideAsync: Decide's results and error.
+type Done interface {
+	Decided(admitted bool, err error)
+}
+
+// DecideAsync decides reqs as Decide does, without holding its caller:
+// it queues the call, wakes a relay if a connection is free, and returns;
+// d is told the outcome, once, on the goroutine that completes the call
+// (whoever sends its batch, or the timer of its budget, which then wraps
+// context.DeadlineExceeded), maybe before DecideAsync returns. res must
+// stay untouched until then; reqs are encoded before it returns. The
+// store's budget bounds the call: no context reaches it. It reports
+// false, having done nothing, when it cannot decide without holding its
+// caller (a Redis Cluster, or no budget): decide with Decide then.
+func (r *Redis) DecideAsync(reqs []Request, res []Result, d Done) bool {
+	if r.cluster != nil || r.timeout <= 0 {
+		return false
+	}
+	if err := checkRequests(reqs, res); err != nil {
+		d.Decided(false, err)
+		return true
+	}
+	c := r.calls.Get().(*call)
+	if err := r.encode(context.Background(), c, reqs); err != nil {
+		r.calls.Put(c)
+		d.Decided(false, err)
+		return true
+	}
+	c.async, c.out = d, res
+	c.deadline = time.Now().Add(r.timeout)
+	select {
+	case <-r.stop:
+		r.calls.Put(c)
+		d.Decided(false, errClosed)
+		return true
+	default:
+	}
+	if c.expiry == nil {
+		// Made once per pooled call: its function finds the call's
+		// Done in the call.
+		c.expiry = time.AfterFunc(time.Hour, func() { r.expire(c) })
+	}
+	c.refs.Store(2)
+	c.expiry.Reset(r.timeout)
+	select {
+	case r.queue <- c:
+	default:
+		// More is queued than every connection can carry in a budget.
+		c.state.Store(callDone)
+		r.release(c, c.expiry.Stop())
+		d.Decided(false, errBudget)
+		return true
+	}
+	if len(r.slots) > 0 {
+		// A connection is free: a relay sends. Otherwise whoever frees
+		// one hands the queue on (handOn).
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// expire gives up an asynchronous call whose budget passed, unless it was
+// completed first: then it lets go of the call (see release). An
+// abandoned call is put back by its batch, as a caller's is.
+func (r *Redis) expire(c *call) {
+	d := c.async
+	if c.abandon() {
+		d.Decided(false, errBudget)
+		return
+	}
+	if c.refs.Add(-1) == 0 {
+		c.async, c.out = nil, nil
+		r.calls.Put(c)
+	}
 }

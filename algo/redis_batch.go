@@ -34,6 +34,30 @@ type call struct {
 	pending atomic.Int32 // parts not yet answered (cluster)
 	done    chan struct{}
 	timer   *time.Timer
+
+	// A DecideAsync's: who is told, where its results go, and the timer
+	// of its budget.
+	async  Done
+	out    []Result
+	expiry *time.Timer
+	// refs counts who may still read a done asynchronous call: its
+	// completer, and its timer's function unless stopped in time. The
+	// last puts it back (see release).
+	refs atomic.Int32
+}
+
+// release drops the completer's hold on a done asynchronous call, and the
+// timer's too if stopped was true (it will not run); the last to let go
+// puts the call back.
+func (r *Redis) release(c *call, stopped bool) {
+	n := int32(1)
+	if stopped {
+		n = 2
+	}
+	if c.refs.Add(-n) == 0 {
+		c.async, c.out = nil, nil
+		r.calls.Put(c)
+	}
 }
 
 // The states of a call.
@@ -158,6 +182,18 @@ func extend[T any](s []T) ([]T, *T) {
 func (r *Redis) complete(c *call, err error) bool {
 	c.err = err
 	if c.state.CompareAndSwap(callSent, callDone) || c.state.CompareAndSwap(callQueued, callDone) {
+		if d := c.async; d != nil {
+			// An asynchronous call: its Done is told here. If its
+			// budget's timer has fired meanwhile, expire (which finds
+			// the call done) puts it back.
+			if err == nil {
+				copy(c.out, c.res[:c.n])
+			}
+			admitted := c.admitted
+			r.release(c, c.expiry.Stop())
+			d.Decided(admitted, err)
+			return true
+		}
 		c.done <- struct{}{}
 		return true
 	}
@@ -179,6 +215,38 @@ type worker struct {
 	place    []uint16 // per policy id: its place in that batch's table
 	gen      uint32
 	cluster  clusterWork
+	// The outcomes of the batch's asynchronous calls, told once the
+	// connection is free again (see free).
+	told []told
+}
+
+// told is an asynchronous call's outcome, for its Done.
+type told struct {
+	d        Done
+	admitted bool
+	err      error
+}
+
+// free gives w's connection back, hands on what is queued, and then tells
+// the batch's asynchronous calls their outcomes: telling one writes its
+// answer to its client, which the next batch need not wait for.
+func (r *Redis) free(w *worker) {
+	if len(w.told) == 0 {
+		r.slots <- w
+		r.handOn()
+		return
+	}
+	t := r.tells.Get().(*[]told)
+	*t = append((*t)[:0], w.told...)
+	clear(w.told)
+	w.told = w.told[:0]
+	r.slots <- w
+	r.handOn()
+	for _, x := range *t {
+		x.d.Decided(x.admitted, x.err)
+	}
+	clear(*t)
+	r.tells.Put(t)
 }
 
 // MarshalBinary is the batch as a command argument (go-redis writes an
@@ -203,8 +271,7 @@ func (r *Redis) lead(due time.Time) {
 	if len(w.batch) > 0 {
 		r.run(w, due)
 	}
-	r.slots <- w
-	r.handOn()
+	r.free(w)
 }
 
 // alone sends c, with whatever was queued meanwhile, on w's connection,
@@ -214,8 +281,7 @@ func (r *Redis) alone(w *worker, c *call) {
 	w.batch = append(w.batch[:0], c)
 	r.gatherMore(w)
 	r.run(w, c.deadline)
-	r.slots <- w
-	r.handOn()
+	r.free(w)
 	<-c.done // run completed c: it is in no one else's hands
 }
 
@@ -253,7 +319,7 @@ func (r *Redis) relay() {
 			if len(w.batch) > 0 {
 				r.run(w, time.Time{})
 			}
-			r.slots <- w
+			r.free(w)
 		}
 	}
 }
@@ -327,8 +393,27 @@ func (r *Redis) run(w *worker, due time.Time) {
 		if err == nil {
 			c.admitted = c.parts[0].admitted
 		}
+		if c.async != nil {
+			r.completeLater(w, c, err)
+			continue
+		}
 		r.complete(c, err)
 	}
+}
+
+// completeLater completes an asynchronous call of w's batch as complete
+// does, and keeps its outcome in w.told, for free to tell.
+func (r *Redis) completeLater(w *worker, c *call, err error) {
+	c.err = err
+	if !c.state.CompareAndSwap(callSent, callDone) {
+		r.calls.Put(c) // abandoned: its timer told it
+		return
+	}
+	if err == nil {
+		copy(c.out, c.res[:c.n])
+	}
+	w.told = append(w.told, told{c.async, c.admitted, err})
+	r.release(c, c.expiry.Stop())
 }
 
 // deadlineCtx is a context with a deadline and nothing else: no timer

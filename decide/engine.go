@@ -277,26 +277,110 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 	o.reset()
 	defer o.finish()
 	now := e.clock()
+	if e.screen(set, in, o) {
+		e.decide(ctx, o, now)
+	}
+}
+
+// screen answers in when the block and allow lists or the rules do
+// (blocked, allow-listed, invalid), and reports whether it is left to
+// decide, with its requests in o.
+func (e *Engine) screen(set *ruleSet, in *Input, o *Outcome) bool {
 	if contains(e.block, in.Client) {
 		e.metrics.blocked.Inc()
 		o.refuse(Blocked, e.denyStatus, "blocked", "The client address is blocked.")
-		return
+		return false
 	}
 	if contains(e.allow, in.Client) {
 		e.metrics.allowlisted.Inc()
 		o.Verdict = Allowlisted
-		return
+		return false
 	}
 	if in.Invalid != "" {
 		e.metrics.invalid.Inc()
 		o.refuse(Invalid, e.denyStatus, in.Invalid, in.InvalidDetail)
-		return
+		return false
 	}
 	if !e.apply(set, &in.Request, in.TrustedPeer, o) {
 		e.metrics.invalid.Inc()
-		return
+		return false
 	}
-	e.decide(ctx, o, now)
+	return true
+}
+
+// AsyncDecider is a Decider that can decide without holding its caller:
+// see guard.Guard.DecideAsync.
+type AsyncDecider interface {
+	DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool
+}
+
+// Then is told that the outcome of a DecideAsync is ready.
+type Then interface {
+	Decided(o *Outcome)
+}
+
+// DecideAsync decides in as Decide does, without holding its caller while
+// the store decides: then is told once o holds the answer, on the
+// goroutine that completes the decision, maybe before DecideAsync
+// returns; in and o must stay untouched until then. No context reaches
+// the store: its budget bounds the decision. It reports false, having
+// decided nothing, when the Decider cannot decide without holding the
+// caller (see AsyncDecider): decide with Decide then.
+func (e *Engine) DecideAsync(in *Input, o *Outcome, then Then) bool {
+	ad, ok := e.decider.(AsyncDecider)
+	if !ok {
+		return false
+	}
+	set := e.set.Load()
+	o.reset()
+	now := e.clock()
+	if !e.screen(set, in, o) {
+		o.finish()
+		then.Decided(o)
+		return true
+	}
+	return e.decideAsync(ad, o, now, then)
+}
+
+// decideAsync asks ad about o's requests, as decide asks the Decider.
+func (e *Engine) decideAsync(ad AsyncDecider, o *Outcome, now time.Time, then Then) bool {
+	if !e.prepare(o) {
+		o.finish()
+		then.Decided(o)
+		return true
+	}
+	o.eng, o.now, o.then = e, now, then
+	if !ad.DecideAsync(o.reqs, o.res[:len(o.reqs)], (*asyncOutcome)(o)) {
+		o.eng, o.then = nil, nil
+		return false
+	}
+	return true
+}
+
+// asyncOutcome is an Outcome waiting for its Decider's answer.
+type asyncOutcome Outcome
+
+// Decided works the Decider's answer out into the outcome, and tells the
+// caller's Then. A panic meanwhile is a failed decision (500).
+func (a *asyncOutcome) Decided(admitted bool, err error) {
+	o := (*Outcome)(a)
+	e, then := o.eng, o.then
+	o.eng, o.then = nil, nil
+	told := false
+	defer func() {
+		if p := recover(); p != nil && !told {
+			e.log.Error("decide", "panic", fmt.Sprint(p))
+			e.metrics.errors.Inc()
+			o.reset()
+			o.refuse(Failed, 500, "error", "The decision failed.")
+			o.finish()
+			then.Decided(o)
+		}
+	}()
+	e.conclude(o, o.res[:len(o.reqs)], admitted, err, o.now)
+	o.finish()
+	told = true
+	then.Decided(o)
 }
 
 // LimitRequest asks one Limit about one key, for DecideLimits.
@@ -379,16 +463,42 @@ func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outco
 	o.reset()
 	defer o.finish()
 	now := e.clock()
+	if e.limits(reqs, o) {
+		e.decide(ctx, o, now)
+	}
+}
+
+// DecideLimitsAsync decides reqs as DecideLimits does, asynchronously as
+// DecideAsync decides: then is told once o holds the answer. reqs may be
+// reused once it returns.
+func (e *Engine) DecideLimitsAsync(reqs []LimitRequest, o *Outcome, then Then) bool {
+	ad, ok := e.decider.(AsyncDecider)
+	if !ok {
+		return false
+	}
+	o.reset()
+	now := e.clock()
+	if !e.limits(reqs, o) {
+		o.finish()
+		then.Decided(o)
+		return true
+	}
+	return e.decideAsync(ad, o, now, then)
+}
+
+// limits puts reqs in o's requests, and reports false, with o refused,
+// when they are invalid.
+func (e *Engine) limits(reqs []LimitRequest, o *Outcome) bool {
 	if len(reqs) > algo.MaxRules {
 		e.metrics.invalid.Inc()
 		o.refuse(Invalid, e.denyStatus, "too-many-limits", fmt.Sprintf("A request may ask at most %d limits.", algo.MaxRules))
-		return
+		return false
 	}
 	for _, q := range reqs {
 		if q.Limit == nil || q.Limit.Policy == nil {
 			e.metrics.invalid.Inc()
 			o.refuse(Invalid, e.denyStatus, "no-limit", "A request asked a limit that is not there.")
-			return
+			return false
 		}
 		from := len(o.tags)
 		o.tags = algo.AppendTag(o.tags, q.Key)
@@ -397,15 +507,26 @@ func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outco
 		o.limits = append(o.limits, q.Limit)
 		o.ruleOf = append(o.ruleOf, nil)
 	}
-	e.decide(ctx, o, now)
+	return true
 }
 
 // decide asks the Decider about o.reqs and works out the answer.
 func (e *Engine) decide(ctx context.Context, o *Outcome, now time.Time) {
+	if !e.prepare(o) {
+		return
+	}
+	res := o.res[:len(o.reqs)]
+	admitted, err := e.decider.Decide(ctx, o.reqs, res)
+	e.conclude(o, res, admitted, err, now)
+}
+
+// prepare readies o.reqs and o.res for the Decider; it reports false, with
+// o answered, when there is nothing to decide.
+func (e *Engine) prepare(o *Outcome) bool {
 	if len(o.reqs) == 0 {
 		e.metrics.unmatched.Inc()
 		o.Verdict = Unmatched
-		return
+		return false
 	}
 	for i, s := range o.spans {
 		o.reqs[i].Key = o.tags[s.from:s.to]
@@ -413,8 +534,11 @@ func (e *Engine) decide(ctx context.Context, o *Outcome, now time.Time) {
 	if cap(o.res) < len(o.reqs) {
 		o.res = make([]algo.Result, len(o.reqs), algo.MaxRules)
 	}
-	res := o.res[:len(o.reqs)]
-	admitted, err := e.decider.Decide(ctx, o.reqs, res)
+	return true
+}
+
+// conclude works the Decider's answer out into o.
+func (e *Engine) conclude(o *Outcome, res []algo.Result, admitted bool, err error, now time.Time) {
 	switch {
 	case errors.Is(err, guard.ErrUnavailable):
 		e.metrics.unavailable.Inc()

@@ -122,6 +122,11 @@ type Outcome struct {
 	hbuf   []byte        // the headers' values
 	hspans []hspan
 	hdrs   [6]Header
+
+	// An asynchronous decision's (see Engine.DecideAsync).
+	eng  *Engine
+	now  time.Time
+	then Then
 }
 
 type span struct{ from, to int }

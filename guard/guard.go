@@ -160,6 +160,7 @@ type Guard struct {
 
 	breakers *breakers
 	scratch  sync.Pool // *scratch
+	pending  sync.Pool // *pending
 }
 
 // New validates opts and returns a Guard.
@@ -322,6 +323,12 @@ func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 	}
 	start := time.Now()
 	ok, err := g.store.Decide(ctx, reqs, res)
+	return g.settle(ctx, sc, shards, reqs, res, now, start, ok, err)
+}
+
+// settle takes the store's answer to a remote decision through the
+// breakers, the deny cache, the local store and the fail mode.
+func (g *Guard) settle(ctx context.Context, sc *scratch, shards []int, reqs []algo.Request, res []algo.Result, now, start time.Time, ok bool, err error) (bool, error) {
 	g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
@@ -548,4 +555,95 @@ func (g *Guard) Reset(ctx context.Context, reqs []algo.Request) error {
 		}
 	}
 	return nil
+}
+
+// AsyncStore is a store that decides without holding its caller
+// (algo.Redis): see algo.Redis.DecideAsync.
+type AsyncStore interface {
+	DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool
+}
+
+// pending is a DecideAsync on its way through the store, pooled.
+type pending struct {
+	g          *Guard
+	sc         *scratch
+	shards     []int
+	reqs       []algo.Request
+	res        []algo.Result
+	now, start time.Time
+	d          algo.Done
+}
+
+// DecideAsync decides reqs as Decide does, telling d the outcome once,
+// maybe before it returns; res must stay untouched until then. What needs
+// no wait (the deny cache, a store that is not remote, an open circuit's
+// fail mode) is decided on the caller's goroutine; a remote store that
+// can (see AsyncStore) decides on the goroutine that completes the call.
+// It reports false, having done nothing, when the decision would hold
+// the caller: decide with Decide then.
+func (g *Guard) DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool {
+	as, async := g.store.(AsyncStore)
+	if g.remote && !async {
+		return false
+	}
+	now := g.clock()
+	if g.denies != nil && g.fromDenyCache(reqs, res, now) {
+		d.Decided(false, nil)
+		return true
+	}
+	ctx := context.Background()
+	if !g.remote {
+		start := time.Now()
+		ok, err := g.store.Decide(ctx, reqs, res)
+		g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
+		if err == nil {
+			g.remember(reqs, res, now)
+		}
+		d.Decided(ok, err)
+		return true
+	}
+	sc := g.scratch.Get().(*scratch)
+	shards := sc.shards[:0]
+	if g.sharded != nil {
+		shards = g.sharded.Shards(shards, reqs)
+	} else {
+		shards = append(shards, 0)
+	}
+	if !g.breakers.allow(shards) {
+		ok, err := g.failMode.decide(g, ctx, sc, reqs, res)
+		g.scratch.Put(sc)
+		d.Decided(ok, err)
+		return true
+	}
+	p, _ := g.pending.Get().(*pending)
+	if p == nil {
+		p = &pending{g: g}
+	}
+	p.sc, p.shards, p.reqs, p.res, p.now, p.start, p.d = sc, shards, reqs, res, now, time.Now(), d
+	if !as.DecideAsync(reqs, res, p) {
+		*p = pending{g: g}
+		g.pending.Put(p)
+		g.scratch.Put(sc)
+		return false
+	}
+	return true
+}
+
+// Decided settles the store's answer as Decide does, and tells the
+// caller's Done.
+// A panic is the caller's error, as Decide's would be its caller's.
+func (p *pending) Decided(ok bool, err error) {
+	g, sc, d := p.g, p.sc, p.d
+	told := false
+	defer func() {
+		if r := recover(); r != nil && !told {
+			d.Decided(false, fmt.Errorf("guard: panic: %v", r))
+		}
+	}()
+	ok, err = g.settle(context.Background(), sc, p.shards, p.reqs, p.res, p.now, p.start, ok, err)
+	*p = pending{g: g}
+	g.pending.Put(p)
+	g.scratch.Put(sc)
+	told = true
+	d.Decided(ok, err)
 }

@@ -93,7 +93,22 @@ var (
 	errDown    = fmt.Errorf("redis decide: %w: refused", algo.ErrUnreachable)
 )
 
+// asyncFlaky is flaky deciding asynchronously, as algo.Redis does: the
+// outcome is told on a goroutine of its own.
+type asyncFlaky struct{ *flaky }
+
+func (f asyncFlaky) DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool {
+	go func() { d.Decided(f.Decide(context.Background(), reqs, res)) }()
+	return true
+}
+
+// doneChan is a Done that sends what it is told.
+type doneChan chan [2]any
+
+func (c doneChan) Decided(ok bool, err error) { c <- [2]any{ok, err} }
+
 type fixture struct {
+	async    bool // decide with DecideAsync, the store with asyncFlaky
 	startErr error
 	g        *Guard
 	store    *flaky
@@ -104,6 +119,18 @@ type fixture struct {
 
 func newFixture(t *testing.T, mode FailMode, opts ...func(*Options)) *fixture {
 	t.Helper()
+	return buildFixture(t, false, mode, opts...)
+}
+
+// modes are the ways a fixture decides: Decide, and DecideAsync on a
+// store that decides asynchronously.
+var modes = []struct {
+	name  string
+	async bool
+}{{"sync", false}, {"async", true}}
+
+func buildFixture(t *testing.T, async bool, mode FailMode, opts ...func(*Options)) *fixture {
+	t.Helper()
 	mem := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = mem.Close(); _ = local.Close() })
@@ -111,9 +138,13 @@ func newFixture(t *testing.T, mode FailMode, opts ...func(*Options)) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{store: &flaky{mem: mem, broken: map[int]error{}}, local: local, reg: prometheus.NewRegistry(), p: p}
+	f := &fixture{async: async, store: &flaky{mem: mem, broken: map[int]error{}}, local: local, reg: prometheus.NewRegistry(), p: p}
+	var store Store = f.store
+	if async {
+		store = asyncFlaky{f.store}
+	}
 	o := Options{
-		Store: f.store, Remote: true, FailMode: mode, Local: local, Policies: []*algo.Policy{p}, LocalDivisor: 2,
+		Store: store, Remote: true, FailMode: mode, Local: local, Policies: []*algo.Policy{p}, LocalDivisor: 2,
 		BreakerFailures: 3, BreakerBackoff: 10 * time.Millisecond, BreakerMaxBackoff: 40 * time.Millisecond,
 		ProbeTimeout: time.Second, DenyCacheSize: 100, Registry: f.reg,
 	}
@@ -132,7 +163,22 @@ func newFixture(t *testing.T, mode FailMode, opts ...func(*Options)) *fixture {
 func (f *fixture) decide(t *testing.T, key string) (algo.Result, bool, error) {
 	t.Helper()
 	var res [1]algo.Result
-	ok, err := f.g.Decide(context.Background(), []algo.Request{{Policy: f.p, Key: []byte(key)}}, res[:])
+	reqs := []algo.Request{{Policy: f.p, Key: []byte(key)}}
+	if f.async {
+		c := make(doneChan, 2)
+		if !f.g.DecideAsync(reqs, res[:], c) {
+			t.Fatal("DecideAsync reported false")
+		}
+		out := <-c
+		select {
+		case again := <-c:
+			t.Fatalf("DecideAsync told twice: %v, then %v", out, again)
+		case <-time.After(time.Millisecond):
+		}
+		err, _ := out[1].(error)
+		return res[0], out[0].(bool), err
+	}
+	ok, err := f.g.Decide(context.Background(), reqs, res[:])
 	return res[0], ok, err
 }
 
@@ -189,9 +235,18 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // answered ErrUnavailable in every fail mode, and counted as consumed in
 // the local store. Only once the circuit opens does the fail mode answer.
 func TestTimeoutsNeverAdmitWhileClosed(t *testing.T) {
-	for _, mode := range []FailMode{FailLocal, FailOpen, FailClosed} {
-		t.Run(mode.String(), func(t *testing.T) {
-			f := newFixture(t, mode)
+	for _, m := range modes {
+		for _, mode := range []FailMode{FailLocal, FailOpen, FailClosed} {
+			t.Run(m.name+"/"+mode.String(), func(t *testing.T) {
+				testTimeoutsNeverAdmitWhileClosed(t, buildFixture(t, m.async, mode), mode)
+			})
+		}
+	}
+}
+
+func testTimeoutsNeverAdmitWhileClosed(t *testing.T, f *fixture, mode FailMode) {
+	{
+		{
 			f.store.breakShard(1, errTimeout)
 			for i := 0; i < 3; i++ {
 				if _, ok, err := f.decide(t, "a"); ok || !errors.Is(err, ErrUnavailable) {
@@ -217,7 +272,7 @@ func TestTimeoutsNeverAdmitWhileClosed(t *testing.T) {
 			if got := f.metric(t, `authlimit_store_errors_total{kind="timeout"}`); got != 3 {
 				t.Errorf("timeouts counted %v, want 3", got)
 			}
-		})
+		}
 	}
 }
 
@@ -379,7 +434,12 @@ func (w *warmer) Warm(context.Context) error {
 // TestMirrorKeepsTheFallbackInStep: admissions the store makes are recorded
 // locally, so an outage does not hand out a fresh local quota.
 func TestMirrorKeepsTheFallbackInStep(t *testing.T) {
-	f := newFixture(t, FailLocal)
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) { testMirrorKeepsTheFallbackInStep(t, buildFixture(t, m.async, FailLocal)) })
+	}
+}
+
+func testMirrorKeepsTheFallbackInStep(t *testing.T, f *fixture) {
 	for i := 0; i < 4; i++ {
 		if _, ok, err := f.decide(t, "a"); err != nil || !ok {
 			t.Fatal(ok, err)

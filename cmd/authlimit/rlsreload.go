@@ -79,7 +79,13 @@ func (s *rlsSwitch) ShouldRateLimitWire(ctx context.Context, req, out []byte) ([
 // Register serves the service's ShouldRateLimit on g, from each request's
 // bytes.
 func (s *rlsSwitch) Register(g *grpcwire.Server) error {
-	return grpcwire.UnaryRaw(g, rls.ShouldRateLimitMethod, s.ShouldRateLimitWire)
+	return grpcwire.UnaryRawAsync(g, rls.ShouldRateLimitMethod, s.ShouldRateLimitWire, s.ShouldRateLimitAsync)
+}
+
+// ShouldRateLimitAsync starts a request's decision on the service in
+// force (rls.Service.ShouldRateLimitAsync), which answers it.
+func (s *rlsSwitch) ShouldRateLimitAsync(ctx context.Context, req, out []byte, r *grpcwire.Reply) bool {
+	return s.cur.Load().ShouldRateLimitAsync(ctx, req, out, r)
 }
 
 // ServeJSON answers POST /json.

@@ -9,7 +9,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/internal/race"
+	"github.com/authlimit/authlimit/internal/redistest"
 )
 
 // TestCheckAllocates bounds the allocations of an admitted Check on the
@@ -158,5 +160,52 @@ func TestJoinedLookup(t *testing.T) {
 				t.Errorf("all(%q) = %q, want %q", tc.lookup, all, tc.want)
 			}
 		})
+	}
+}
+
+// thenChan is a decide.Then that signals.
+type thenChan chan *decide.Outcome
+
+func (c thenChan) Decided(o *decide.Outcome) { c <- o }
+
+// TestCheckAsyncAllocates: a Check decided asynchronously over Redis, as
+// Register serves it (read on the connection's reader, decided by whoever
+// sends its batch), allocates nothing of its own: only what go-redis
+// allocates per call (algo's goRedisAllocs).
+func TestCheckAsyncAllocates(t *testing.T) {
+	if race.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	st := newStack(t, backend{name: "redis", redis: redistest.New(t)}, "name=a key=ip limit=1000000/1m", nil)
+	b, err := proto.Marshal(checkRequest(step{client: "198.51.100.30"}, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := st.server
+	then := make(thenChan, 1)
+	var out []byte
+	check := func() {
+		sc := s.scratch.Get().(*scratch)
+		if !readRequest(&sc.req, b, s.shape) {
+			t.Fatal("readRequest refused the request")
+		}
+		s.read(sc)
+		if !s.engine.DecideAsync(&sc.in, &sc.out, then) {
+			t.Fatal("DecideAsync reported false")
+		}
+		o := <-then
+		if !o.Verdict.Admitted() {
+			t.Fatalf("verdict %v, want admitted", o.Verdict)
+		}
+		out = appendOK(out[:0], o.Headers)
+		s.release(sc)
+	}
+	for range 10 {
+		check()
+	}
+	const goRedisAllocs = 5
+	got := testing.AllocsPerRun(200, check)
+	if got > goRedisAllocs {
+		t.Errorf("an asynchronous Check allocates %v times per call, want at most go-redis's %d", got, goRedisAllocs)
 	}
 }

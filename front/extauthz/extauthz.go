@@ -111,7 +111,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep,
 		shape: pbwire.NewShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
-	s.scratch.New = func() any { return new(scratch) }
+	s.scratch.New = func() any { return &scratch{srv: s} }
 	return s, nil
 }
 
@@ -119,12 +119,21 @@ func New(opts Options) (*Server, error) {
 const CheckMethod = "/envoy.service.auth.v3.Authorization/Check"
 
 // Register serves the server's Check on g, reading each request's bytes
-// as they came (see readRequest).
+// as they came (see readRequest). A call is decided as it comes, on the
+// connection's reader, and answered by whoever completes its decision
+// (see decide.Engine.DecideAsync); a decision that would hold the reader
+// (a Redis Cluster) runs on a worker of g's.
 func (s *Server) Register(g *grpcwire.Server) error {
-	return grpcwire.UnaryRaw(g, CheckMethod, s.checkWire)
+	return grpcwire.UnaryRawAsync(g, CheckMethod, s.checkWire, s.checkAsync)
 }
 
 type scratch struct {
+	srv *Server
+	// An asynchronous call's: its context, answer and response buffer.
+	ctx   context.Context
+	reply *grpcwire.Reply
+	resp  []byte
+
 	req  request
 	in   decide.Input
 	out  decide.Outcome
@@ -194,6 +203,60 @@ func (s *Server) checkWire(ctx context.Context, b, out []byte) ([]byte, error) {
 	return appendDenied(out, o), nil
 }
 
+// checkAsync starts deciding the request encoded in b, as checkWire
+// decides it, and answers through r once decided (see Decided). It
+// reports false, having done nothing, when the decision would hold its
+// caller: checkWire decides the call then.
+func (s *Server) checkAsync(ctx context.Context, b, out []byte, r *grpcwire.Reply) bool {
+	sc := s.scratch.Get().(*scratch)
+	if !readRequest(&sc.req, b, s.shape) {
+		s.release(sc)
+		return false // decoded whole, on a worker
+	}
+	if !sc.req.http {
+		s.release(sc)
+		r.Send(out, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http"))
+		return true
+	}
+	s.read(sc)
+	sc.ctx, sc.reply, sc.resp = ctx, r, out
+	if !s.engine.DecideAsync(&sc.in, &sc.out, sc) {
+		s.release(sc)
+		return false
+	}
+	return true
+}
+
+// Decided answers an asynchronous call once its outcome is ready. A
+// shaped request is held, as check holds it, on a goroutine of its own.
+func (sc *scratch) Decided(o *decide.Outcome) {
+	if o.Delay > 0 {
+		go func() {
+			sc.srv.sleep(sc.ctx, o.Delay)
+			sc.send(o)
+		}()
+		return
+	}
+	sc.send(o)
+}
+
+// send encodes sc's outcome, pools sc and answers its call.
+func (sc *scratch) send(o *decide.Outcome) {
+	r, out := sc.reply, sc.resp
+	defer func() {
+		if p := recover(); p != nil {
+			r.Send(nil, status.Errorf(codes.Internal, "extauthz: %v", p))
+		}
+	}()
+	if o.Verdict.Admitted() {
+		out = appendOK(out, o.Headers)
+	} else {
+		out = appendDenied(out, o)
+	}
+	sc.srv.release(sc)
+	r.Send(out, nil)
+}
+
 // fromMessage reads m into r.
 func fromMessage(r *request, m *authv3.CheckRequest) {
 	h := m.GetAttributes().GetRequest().GetHttp()
@@ -219,15 +282,7 @@ func (s *Server) check(ctx context.Context, sc *scratch) (*decide.Outcome, error
 	if !r.http {
 		return nil, status.Error(codes.InvalidArgument, "extauthz: the CheckRequest has no attributes.request.http")
 	}
-	r.hdrs.lower = r.hdrs.joined && lowerKeys(r.hdrs.list)
-	r.hdrs.length, r.hdrs.lengths, sc.size = bodyLength(&r.hdrs, r.size, sc.size[:0])
-	sc.xff = r.hdrs.all(sc.xff[:0], "x-forwarded-for")
-	realIP, _ := r.hdrs.Lookup("x-real-ip")
-	src := peer(r.socket, r.source)
-	ip := s.proxies.ClientIP(sc.xff, realIP, src)
-	s.engine.Read(&sc.in, ip, view(r.method), view(r.path), view(r.host), &r.hdrs)
-	// Only a trusted proxy's tier header is believed, as for /auth.
-	sc.in.TrustedPeer = s.proxies.Trusts(src.Unmap())
+	s.read(sc)
 
 	// The caller's deadline and cancellation do not reach the decision:
 	// the guard counts an abandoned decision as a store failure, so a
@@ -245,12 +300,27 @@ func (s *Server) check(ctx context.Context, sc *scratch) (*decide.Outcome, error
 	return out, nil
 }
 
+// read reads sc.req, which has attributes.request.http, into sc.in.
+func (s *Server) read(sc *scratch) {
+	r := &sc.req
+	r.hdrs.lower = r.hdrs.joined && lowerKeys(r.hdrs.list)
+	r.hdrs.length, r.hdrs.lengths, sc.size = bodyLength(&r.hdrs, r.size, sc.size[:0])
+	sc.xff = r.hdrs.all(sc.xff[:0], "x-forwarded-for")
+	realIP, _ := r.hdrs.Lookup("x-real-ip")
+	src := peer(r.socket, r.source)
+	ip := s.proxies.ClientIP(sc.xff, realIP, src)
+	s.engine.Read(&sc.in, ip, view(r.method), view(r.path), view(r.host), &r.hdrs)
+	// Only a trusted proxy's tier header is believed, as for /auth.
+	sc.in.TrustedPeer = s.proxies.Trusts(src.Unmap())
+}
+
 // release pools sc without the request's headers, which it would
 // otherwise keep alive until its next use.
 func (s *Server) release(sc *scratch) {
 	sc.req.reset()
 	clear(sc.xff)
 	sc.in.Request.Header = nil
+	sc.ctx, sc.reply, sc.resp = nil, nil, nil
 	s.scratch.Put(sc)
 }
 

@@ -17,6 +17,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -41,12 +42,18 @@ type backend struct {
 	name     string
 	redis    *redistest.Server // nil: the memory store
 	failMode guard.FailMode
+	// proxy, if set, stands between the store and redis, with budget the
+	// store's budget (default 1 s).
+	proxy  *redistest.LatencyProxy
+	budget time.Duration
 }
 
 // stack is authlimit as cmd wires it, on loopback: one engine behind /auth
 // on a fasthttp server and behind Check on a gRPC server.
 type stack struct {
 	auth   string // the address /auth is served on
+	grpc   *grpcwire.Server
+	check  string // the address Check is served on
 	conn   *grpc.ClientConn
 	client authv3.AuthorizationClient
 	server *Server
@@ -69,7 +76,21 @@ func newStack(t testing.TB, b backend, src string, mod func(*decide.Options)) *s
 		t.Cleanup(func() { _ = m.Close() })
 		gopts.Store = m
 	} else {
-		store := algo.NewRedis(b.redis.Client(t), algo.RedisOptions{Prefix: b.redis.Prefix(t), Timeout: time.Second})
+		client := b.redis.Client(t)
+		if b.proxy != nil {
+			opts, err := redis.ParseURL(b.redis.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts.Addr, opts.MaxRetries, opts.ContextTimeoutEnabled = b.proxy.Addr, -1, true
+			client = redis.NewClient(opts)
+			t.Cleanup(func() { _ = client.Close() })
+		}
+		budget := b.budget
+		if budget == 0 {
+			budget = time.Second
+		}
+		store := algo.NewRedis(client, algo.RedisOptions{Prefix: b.redis.Prefix(t), Timeout: budget})
 		t.Cleanup(func() { _ = store.Close() })
 		local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 		t.Cleanup(func() { _ = local.Close() })
@@ -111,6 +132,7 @@ func newStack(t testing.TB, b backend, src string, mod func(*decide.Options)) *s
 	}
 	st.server = srv
 	gs := grpcwire.NewServer(grpcwire.Options{})
+	st.grpc = gs
 	if err := srv.Register(gs); err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +140,7 @@ func newStack(t testing.TB, b backend, src string, mod func(*decide.Options)) *s
 	if err != nil {
 		t.Fatal(err)
 	}
+	st.check = gl.Addr().String()
 	go func() { _ = gs.Serve(gl) }()
 	t.Cleanup(gs.Stop)
 	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -267,8 +267,10 @@ func respondCanned(c net.Conn) {
 // with a grpc-timeout, as Envoy sends one, to a handler that allocates
 // nothing, over loopback, the frame-level client's included (its reading
 // of the response's header frames). The server's are the stream and the
-// request's decoded header strings (never-indexed literals here; a field
-// from the dynamic table, as Envoy mostly sends, allocates none): the
+// HEADERS frame x/net's framer reads. The request's header block is the
+// same never-indexed literals on every call, decoded once per connection
+// (see conn.last; decoding it on every call made it 15); a field from the
+// dynamic table, as Envoy mostly sends, allocates nothing either. The
 // call's context is part of its stream, and costs nothing until a handler
 // asks for Done (a context.WithTimeout per call made it 19).
 func TestUnaryCallAllocates(t *testing.T) {
@@ -287,7 +289,7 @@ func TestUnaryCallAllocates(t *testing.T) {
 	t.Cleanup(func() { _ = bc.c.Close() })
 	bc.do(t) // settle the SETTINGS exchange
 	got := testing.AllocsPerRun(200, func() { bc.do(t) })
-	if max := 15.0; got > max {
+	if max := 5.0; got > max {
 		t.Errorf("a call allocates %v times, want at most %v", got, max)
 	}
 }

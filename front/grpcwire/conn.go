@@ -2,6 +2,7 @@ package grpcwire
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -48,6 +51,9 @@ const (
 	// drainTime is how long a closing connection reads on, so that the
 	// client reads the last frames before the socket closes.
 	drainTime = time.Second
+	// maxKeptBlock is the largest header block kept to be recognized
+	// when it comes again (see conn.last).
+	maxKeptBlock = 1024
 )
 
 // Buffers of response messages and of requests.
@@ -76,14 +82,29 @@ type conn struct {
 	dec *hpack.Decoder
 
 	// reader
-	block      []byte // the header block being received
-	blockID    uint32
-	blockEnd   bool // its HEADERS frame ended the stream
-	hdr        reqHeaders
+	block    []byte // the header block being received
+	blockID  uint32
+	blockEnd bool // its HEADERS frame ended the stream
+	hdr      reqHeaders
+	// last is the previous header block that stood alone (see
+	// standalone), and lastHdr what it said: the same block again, as a
+	// client that sends its fields as literals kept out of the dynamic
+	// table sends on every call, is not decoded again (Huffman codes and
+	// strings included).
+	last       []byte
+	lastHdr    reqHeaders
 	connUnused int  // the connection's received bytes not yet returned
 	connRecv   int  // bytes received on the connection's window
 	opened     int  // streams opened since the read deadline was last set
 	flooded    bool // too many control frames wait: the connection ends
+
+	// raw writes without waiting, for flushFor; nil if the socket has
+	// no file descriptor. tryWrite writes tryBuf to it, once.
+	raw      syscall.RawConn
+	tryWrite func(fd uintptr) bool
+	tryBuf   []byte
+	tryN     int
+	tryErr   error
 
 	mu sync.Mutex
 	// flushed is signalled, under mu, when a writer stops flushing.
@@ -110,9 +131,11 @@ type conn struct {
 
 // stream is one call.
 type stream struct {
-	id  uint32
-	ctx callCtx // ended under mu
-	m   *method
+	id    uint32
+	ctx   callCtx // ended under mu
+	m     *method
+	reply Reply // an asynchronous call's
+	async bool  // answered by its Reply: see flushFor
 
 	// reader
 	req       *[]byte // the request's bytes as received
@@ -148,6 +171,15 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{srv: s, nc: nc, streams: map[uint32]*stream{},
 		sendWindow: defaultWindow, peerWindow: defaultWindow, maxFrame: readFrameSize}
 	c.flushed.L = &c.mu
+	if sc, ok := nc.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			c.raw = raw
+			c.tryWrite = func(fd uintptr) bool {
+				c.tryN, c.tryErr = syscall.Write(int(fd), c.tryBuf)
+				return true
+			}
+		}
+	}
 	c.br = bufio.NewReaderSize(deadlineReader{c}, 16<<10)
 	c.fr = http2.NewFramer(io.Discard, c.br)
 	c.fr.SetReuseFrames()
@@ -568,12 +600,20 @@ func (c *conn) headers() error {
 		return err
 	}
 	id := c.blockID
-	c.hdr = reqHeaders{}
-	if _, err := c.dec.Write(c.block); err != nil {
-		return connError{http2.ErrCodeCompression, "header block: " + err.Error()}
-	}
-	if err := c.dec.Close(); err != nil {
-		return connError{http2.ErrCodeCompression, "header block: " + err.Error()}
+	if len(c.last) == 0 || !bytes.Equal(c.block, c.last) {
+		c.hdr = reqHeaders{}
+		if _, err := c.dec.Write(c.block); err != nil {
+			return connError{http2.ErrCodeCompression, "header block: " + err.Error()}
+		}
+		if err := c.dec.Close(); err != nil {
+			return connError{http2.ErrCodeCompression, "header block: " + err.Error()}
+		}
+		c.last = c.last[:0]
+		if len(c.block) <= maxKeptBlock && standalone(c.block) {
+			c.last, c.lastHdr = append(c.last, c.block...), c.hdr
+		}
+	} else {
+		c.hdr = c.lastHdr
 	}
 	if cap(c.block) > 64<<10 {
 		c.block = nil
@@ -892,8 +932,53 @@ func (c *conn) endRequest(s *stream) error {
 	}
 	s.handling = true
 	c.mu.Unlock()
+	if s.m.async != nil && c.startAsync(s) {
+		return nil
+	}
 	c.srv.start(c, s)
 	return nil
+}
+
+// Reply answers a call taken by an asynchronous handler (UnaryRawAsync).
+type Reply struct {
+	c    *conn
+	s    *stream
+	out  *[]byte
+	sent atomic.Bool
+}
+
+// Send answers the call: out, the response message appended to the out
+// start was given, and OK; or err's status, as a unary handler's error.
+// Only the first Send of a call counts. The request's bytes are not
+// valid once it is called.
+func (r *Reply) Send(out []byte, err error) {
+	if !r.sent.CompareAndSwap(false, true) {
+		return
+	}
+	*r.out = out
+	r.c.answer(r.s, r.out, err)
+}
+
+// startAsync runs a call's asynchronous start on the reader, and reports
+// whether it took the call.
+func (c *conn) startAsync(s *stream) (taken bool) {
+	out := getBuf()
+	s.reply.c, s.reply.s, s.reply.out = c, s, out
+	defer func() {
+		if p := recover(); p != nil {
+			c.srv.opts.Log.Error("grpc handler panicked", "stream", s.id, "panic", fmt.Sprint(p))
+			s.reply.Send(nil, status.Error(codes.Internal, "the handler failed"))
+			taken = true
+		}
+	}()
+	s.async = true
+	if s.m.async(&s.ctx, (*s.req)[5:], append((*out)[:0], 0, 0, 0, 0, 0), &s.reply) {
+		return true
+	}
+	s.async = false
+	s.reply = Reply{}
+	putBuf(out)
+	return false
 }
 
 // run runs a call's handler and writes its answer.
@@ -913,12 +998,19 @@ func (c *conn) run(s *stream) {
 	b := append((*out)[:0], 0, 0, 0, 0, 0)
 	b, err := s.m.unary(&s.ctx, req, b)
 	*out = b
+	c.answer(s, out, err)
+}
+
+// answer writes a unary call's answer: the message in out (after its 5
+// bytes of gRPC framing), or err's status.
+func (c *conn) answer(s *stream, out *[]byte, err error) {
 	switch {
 	case err != nil:
 		c.respond(s, out, errStatus(err))
 	case !s.ctx.deadline.IsZero() && s.ctx.Err() == context.DeadlineExceeded:
 		c.respond(s, out, status.New(codes.DeadlineExceeded, context.DeadlineExceeded.Error()))
 	default:
+		b := *out
 		size := len(b) - 5
 		b[1], b[2], b[3], b[4] = byte(size>>24), byte(size>>16), byte(size>>8), byte(size)
 		c.respond(s, out, nil)
@@ -978,7 +1070,7 @@ func (c *conn) respond(s *stream, out *[]byte, st *status.Status) {
 	if s.reset || c.closed {
 		putBuf(out)
 		c.finishLocked(s)
-		c.flushLocked()
+		c.flushFor(s)
 		return
 	}
 	if st != nil {
@@ -993,7 +1085,7 @@ func (c *conn) respond(s *stream, out *[]byte, st *status.Status) {
 		} else {
 			c.pushLocked(s)
 		}
-		c.flushLocked()
+		c.flushFor(s)
 		return
 	}
 	if !s.headersSent {
@@ -1011,12 +1103,12 @@ func (c *conn) respond(s *stream, out *[]byte, st *status.Status) {
 		c.wbuf = appendHeaderBlock(c.wbuf, s.id, okTrailers, true, c.maxFrame)
 		delete(c.streams, s.id)
 		c.finishLocked(s)
-		c.flushLocked()
+		c.flushFor(s)
 		return
 	}
 	s.trailers = okTrailers
 	c.queueLocked(s, out)
-	c.flushLocked()
+	c.flushFor(s)
 }
 
 // queueLocked adds out to what s sends, sends what the windows allow, and
@@ -1132,6 +1224,40 @@ func (c *conn) flushLocked() {
 		}
 		_ = c.nc.SetReadDeadline(time.Now().Add(drainTime))
 	}
+}
+
+// flushFor writes what is queued, as flushLocked does, for stream s. An
+// asynchronous call's answer is written by whoever completed its
+// decision, which may answer many calls of many connections in turn: it
+// must not wait for one client's socket. It writes what the socket takes
+// at once, and leaves the rest, if any, to a goroutine of its own, which
+// waits as flushLocked does.
+func (c *conn) flushFor(s *stream) {
+	if !s.async || c.raw == nil || c.flushing || c.closed || len(c.wbuf) == 0 {
+		c.flushLocked()
+		return
+	}
+	c.tryBuf, c.tryN, c.tryErr = c.wbuf, 0, nil
+	err := c.raw.Write(c.tryWrite)
+	c.tryBuf = nil
+	if err != nil || c.tryErr != nil && c.tryErr != syscall.EAGAIN {
+		c.flushLocked() // it writes again, and meets the error
+		return
+	}
+	n := max(c.tryN, 0)
+	c.wbuf = c.wbuf[:copy(c.wbuf, c.wbuf[n:])]
+	c.queued = 0
+	if len(c.wbuf) == 0 {
+		c.flushLocked() // nothing left to write: whatever ends the connection
+		return
+	}
+	c.flushing = true
+	c.mu.Unlock()
+	go func() {
+		c.mu.Lock()
+		c.flushing = false
+		c.flushLocked()
+	}()
 }
 
 // writeDeadline gives the next write at least half of WriteTimeout, and

@@ -417,3 +417,60 @@ func TestRawMaxFrameSize(t *testing.T) {
 		}
 	}
 }
+
+// TestRawRepeatedBlocks: a header block that stands alone (static table
+// and literals kept out of the dynamic table), sent again on its
+// connection, says what it said the first time, between blocks that use
+// the dynamic table and blocks that say something else.
+func TestRawRepeatedBlocks(t *testing.T) {
+	_, _, _, addr := testServer(t, Options{})
+	r := rawDial(t, addr)
+	never := func(fields ...string) []byte {
+		var b bytes.Buffer
+		enc := hpack.NewEncoder(&b)
+		for i := 0; i+1 < len(fields); i += 2 {
+			_ = enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1], Sensitive: true})
+		}
+		return b.Bytes()
+	}
+	echo := never(grpcHeaders(echoPath, "grpc-timeout", "1S")...)
+	unknown := never(grpcHeaders("/pkg.Svc/Nope")...)
+	badTimeout := never(grpcHeaders(echoPath, "grpc-timeout", "1x")...)
+	if !standalone(echo) || !standalone(unknown) || !standalone(badTimeout) {
+		t.Fatal("never-indexed blocks do not stand alone")
+	}
+	indexed := r.block(grpcHeaders(echoPath, "x-n", "1")...) // adds to the dynamic table
+	again := r.block(grpcHeaders(echoPath, "x-n", "1")...)   // refers to it
+	if standalone(indexed) || standalone(again) {
+		t.Fatal("blocks using the dynamic table stand alone")
+	}
+	want := func(code codes.Code) string { return strconv.Itoa(int(code)) }
+	id := uint32(1)
+	for i, step := range []struct {
+		block []byte
+		grpc  string
+	}{
+		{echo, want(codes.OK)},
+		{echo, want(codes.OK)},
+		{unknown, want(codes.Unimplemented)},
+		{unknown, want(codes.Unimplemented)},
+		{echo, want(codes.OK)},
+		{badTimeout, want(codes.Internal)},
+		{badTimeout, want(codes.Internal)},
+		{indexed, want(codes.OK)},
+		{echo, want(codes.OK)},
+		{again, want(codes.OK)},
+		{again, want(codes.OK)},
+		{unknown, want(codes.Unimplemented)},
+		{echo, want(codes.OK)},
+	} {
+		if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: step.block, EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		r.data(id, message(t, &wrapperspb.BytesValue{Value: []byte("x")}), true)
+		if a := r.answer(id); a.grpcStatus != step.grpc {
+			t.Errorf("step %d: grpc-status %q (%q), want %s", i, a.grpcStatus, a.grpcMessage, step.grpc)
+		}
+		id += 2
+	}
+}

@@ -5,7 +5,11 @@
 // loop, one reading goroutine per connection, HTTP/2 framing, flow
 // control and the gRPC framing of messages, and runs each call's handler
 // on a goroutine of its own (a worker that then waits for the next call),
-// so that a call held for a while never holds the others.
+// so that a call held for a while never holds the others. A method
+// registered with UnaryRawAsync is started on the reader instead, and
+// answered (Reply.Send) by whichever goroutine has its answer: a call that
+// waits on something else (a store's batch) costs no goroutine and no
+// hand-off of its own.
 //
 // A response is written by the goroutine that produced it, under the
 // connection's lock: the frames of every response ready at that moment go
@@ -128,9 +132,17 @@ type unaryFunc func(ctx context.Context, req []byte, out []byte) ([]byte, error)
 // handler, which sends its messages with send.
 type streamFunc func(ctx context.Context, req []byte, send func(proto.Message) error) error
 
-// method is a registered method: exactly one of unary and stream is set.
+// asyncFunc starts a unary call on the connection's reader: it answers
+// through r, now or later from any goroutine, and reports true; or it
+// reports false, having answered nothing, and the call's unaryFunc runs
+// on a worker.
+type asyncFunc func(ctx context.Context, req []byte, out []byte, r *Reply) bool
+
+// method is a registered method: exactly one of unary and stream is set;
+// async, if set, is tried before unary.
 type method struct {
 	unary  unaryFunc
+	async  asyncFunc
 	stream streamFunc
 }
 
@@ -311,6 +323,18 @@ func Unary[Req any, PReq interface {
 // bytes are the connection's: h must not keep them once it returns.
 func UnaryRaw(s *Server, path string, h func(ctx context.Context, req, out []byte) ([]byte, error)) error {
 	return s.register(path, &method{unary: h})
+}
+
+// UnaryRawAsync registers a unary method at path as UnaryRaw does, with
+// start tried first, on the connection's reading goroutine, as soon as
+// the request is complete: start must not block (the connection's other
+// calls wait for it). It either takes the call and reports true, and
+// then answers it with r.Send exactly once, now or later, from any
+// goroutine; or reports false, having answered nothing, and h runs the
+// call on a worker as UnaryRaw's would. The request's bytes stay valid
+// until the call is answered; out is what h's out is.
+func UnaryRawAsync(s *Server, path string, h func(ctx context.Context, req, out []byte) ([]byte, error), start func(ctx context.Context, req, out []byte, r *Reply) bool) error {
+	return s.register(path, &method{unary: h, async: start})
 }
 
 // serverStream registers h as a server-streaming method at path: it sends

@@ -208,3 +208,76 @@ func parseTimeout(v string) (time.Duration, error) {
 	}
 	return time.Duration(n) * unit, nil
 }
+
+// staticTableLen is the number of entries in HPACK's static table (RFC
+// 7541, appendix A).
+const staticTableLen = 61
+
+// standalone reports whether a complete HPACK header block neither reads
+// nor writes the dynamic table (RFC 7541, section 6): every field is
+// indexed in the static table, or a literal not indexed or never indexed
+// whose name, if indexed, is in the static table; no table size update.
+// Such a block decodes to the same fields whatever the table holds, and
+// leaves it as it was. A block it cannot read whole is not.
+func standalone(b []byte) bool {
+	for len(b) > 0 {
+		var idx uint64
+		var ok bool
+		switch {
+		case b[0]&0x80 != 0: // indexed field
+			idx, b, ok = hpackInt(b, 7)
+			if !ok || idx == 0 || idx > staticTableLen {
+				return false
+			}
+			continue
+		case b[0]&0xf0 == 0x00, b[0]&0xf0 == 0x10: // literal not indexed, never indexed
+			idx, b, ok = hpackInt(b, 4)
+		default: // literal with incremental indexing, table size update
+			return false
+		}
+		if !ok || idx > staticTableLen {
+			return false
+		}
+		if idx == 0 {
+			if b, ok = skipString(b); !ok {
+				return false
+			}
+		}
+		if b, ok = skipString(b); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// hpackInt reads an integer with an n-bit prefix (RFC 7541, section
+// 5.1); values beyond 2^28 are refused.
+func hpackInt(b []byte, n uint) (uint64, []byte, bool) {
+	mask := uint64(1)<<n - 1
+	v := uint64(b[0]) & mask
+	b = b[1:]
+	if v < mask {
+		return v, b, true
+	}
+	for shift := uint(0); len(b) > 0 && shift <= 21; shift += 7 {
+		c := b[0]
+		b = b[1:]
+		v += uint64(c&0x7f) << shift
+		if c&0x80 == 0 {
+			return v, b, true
+		}
+	}
+	return 0, nil, false
+}
+
+// skipString skips a string literal (RFC 7541, section 5.2).
+func skipString(b []byte) ([]byte, bool) {
+	if len(b) == 0 {
+		return nil, false
+	}
+	n, b, ok := hpackInt(b, 7)
+	if !ok || n > uint64(len(b)) {
+		return nil, false
+	}
+	return b[n:], true
+}

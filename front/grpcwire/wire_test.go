@@ -124,3 +124,49 @@ func TestXNetTransport(t *testing.T) {
 		t.Errorf("answer %d %q trailers %v, want 200, the message back and grpc-status 0", resp.StatusCode, got, resp.Trailer)
 	}
 }
+
+// TestStandalone: which header blocks read and write no dynamic table.
+func TestStandalone(t *testing.T) {
+	enc := func(sensitive bool, fields ...string) []byte {
+		var b bytes.Buffer
+		e := hpack.NewEncoder(&b)
+		for i := 0; i+1 < len(fields); i += 2 {
+			_ = e.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1], Sensitive: sensitive})
+		}
+		return b.Bytes()
+	}
+	long := string(bytes.Repeat([]byte("v"), 300))
+	never := enc(true, ":method", "POST", ":path", "/a.B/C", "x-custom", long)
+	var twice bytes.Buffer
+	e := hpack.NewEncoder(&twice)
+	_ = e.WriteField(hpack.HeaderField{Name: "x-a", Value: "1"})
+	twice.Reset()
+	_ = e.WriteField(hpack.HeaderField{Name: "x-a", Value: "1"}) // now indexed in the dynamic table
+	var resized bytes.Buffer
+	e = hpack.NewEncoder(&resized)
+	e.SetMaxDynamicTableSize(0)
+	_ = e.WriteField(hpack.HeaderField{Name: ":method", Value: "POST"})
+	for _, tc := range []struct {
+		name  string
+		block []byte
+		want  bool
+	}{
+		{"empty", nil, true},
+		{"static indexed", []byte{0x83, 0x86}, true},
+		{"never indexed, literal names and long values", never, true},
+		{"not indexed, static name", []byte{0x04, 0x02, '/', 'x'}, true},
+		{"indexed 0", []byte{0x80}, false},
+		{"indexed beyond the static table", []byte{0x80 | 62}, false},
+		{"literal with indexing", enc(false, "x-new", "1"), false},
+		{"dynamic table reference", twice.Bytes(), false},
+		{"size update", resized.Bytes(), false},
+		{"name index beyond the static table", []byte{0x0f, 62 - 15, 0x01, 'x'}, false},
+		{"truncated string", never[:len(never)-1], false},
+		{"truncated integer", []byte{0x0f}, false},
+		{"huge integer", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, false},
+	} {
+		if got := standalone(tc.block); got != tc.want {
+			t.Errorf("%s: standalone %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

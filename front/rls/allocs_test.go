@@ -110,3 +110,52 @@ func TestReplyHeaders(t *testing.T) {
 		}
 	}
 }
+
+// thenChan is a decide.Then that signals.
+type thenChan chan *decide.Outcome
+
+func (c thenChan) Decided(o *decide.Outcome) { c <- o }
+
+// TestShouldRateLimitAsyncAllocates: a call decided asynchronously over
+// Redis, as Register serves it (read on the connection's reader, decided
+// by whoever sends its batch), allocates nothing of its own: only what
+// go-redis allocates per call (algo's goRedisAllocs).
+func TestShouldRateLimitAsyncAllocates(t *testing.T) {
+	if race.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	e := start(t, redisStore, benchConfig)
+	b, err := proto.Marshal(&pb.RateLimitRequest{Domain: "bench", Descriptors: []*rlDesc{desc("remote_address", "198.18.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := e.svc
+	then := make(thenChan, 1)
+	var out []byte
+	call := func() {
+		sc := s.scratch.Get().(*scratch)
+		if !readRequest(&sc.req, b, s.shape) {
+			t.Fatal("readRequest refused the request")
+		}
+		now := s.clock()
+		if ask, _, err := s.begin(sc, now); !ask || err != nil {
+			t.Fatalf("begin = %v, %v", ask, err)
+		}
+		if !s.engine.DecideLimitsAsync(sc.reqs, &sc.out, then) {
+			t.Fatal("DecideLimitsAsync reported false")
+		}
+		o := <-then
+		if _, err := s.conclude(sc, o, now); err != nil || sc.ans.overLimit {
+			t.Fatalf("conclude = %v, over limit %v", err, sc.ans.overLimit)
+		}
+		out = appendResponse(out[:0], &sc.ans)
+		s.release(sc)
+	}
+	for range 10 {
+		call()
+	}
+	const goRedisAllocs = 5
+	if got := testing.AllocsPerRun(200, call); got > goRedisAllocs {
+		t.Errorf("an asynchronous call allocates %v times, want at most go-redis's %d", got, goRedisAllocs)
+	}
+}

@@ -122,7 +122,7 @@ func New(opts Options) (*Service, error) {
 			s.limits[l] = opts.Engine.NewLimit(l.Policy.Name(), l.Policy)
 		}
 	}
-	s.scratch.New = func() any { return new(scratch) }
+	s.scratch.New = func() any { return &scratch{srv: s} }
 	return s, nil
 }
 
@@ -133,7 +133,7 @@ const ShouldRateLimitMethod = "/envoy.service.ratelimit.v3.RateLimitService/Shou
 // request from its bytes and writing its response to the wire (see
 // ShouldRateLimitWire).
 func (s *Service) Register(g *grpcwire.Server) error {
-	return grpcwire.UnaryRaw(g, ShouldRateLimitMethod, s.ShouldRateLimitWire)
+	return grpcwire.UnaryRawAsync(g, ShouldRateLimitMethod, s.ShouldRateLimitWire, s.ShouldRateLimitAsync)
 }
 
 // Close ends the service's life: its configured limits are released from
@@ -173,6 +173,12 @@ type applied struct {
 
 // scratch is the memory one request works in, pooled.
 type scratch struct {
+	srv *Service
+	// An asynchronous call's: its answer, response buffer and time.
+	reply *grpcwire.Reply
+	resp  []byte
+	now   time.Time
+
 	req    request
 	apps   []applied
 	reqs   []decide.LimitRequest
@@ -197,6 +203,7 @@ func (s *Service) release(sc *scratch) {
 	clear(sc.reqs[:cap(sc.reqs)])
 	clear(sc.ans.statuses[:cap(sc.ans.statuses)])
 	sc.ans.headers = nil
+	sc.reply, sc.resp = nil, nil
 	s.scratch.Put(sc)
 }
 
@@ -237,34 +244,59 @@ func (s *Service) ShouldRateLimitWire(ctx context.Context, b, out []byte) ([]byt
 	return appendResponse(out, &sc.ans), nil
 }
 
+// ShouldRateLimitAsync starts deciding the request encoded in b, as
+// ShouldRateLimitWire decides it, and answers through r once decided (see
+// Decided). It reports false, having done nothing, when the decision would
+// hold its caller: ShouldRateLimitWire decides the call then.
+func (s *Service) ShouldRateLimitAsync(_ context.Context, b, out []byte, r *grpcwire.Reply) bool {
+	sc := s.scratch.Get().(*scratch)
+	if !readRequest(&sc.req, b, s.shape) {
+		s.release(sc)
+		return false // decoded whole, on a worker
+	}
+	sc.now = s.clock()
+	sc.reply, sc.resp = r, out
+	ask, failedOpen, err := s.begin(sc, sc.now)
+	if !ask {
+		sc.send(failedOpen, err)
+		return true
+	}
+	if !s.engine.DecideLimitsAsync(sc.reqs, &sc.out, sc) {
+		s.release(sc)
+		return false
+	}
+	return true
+}
+
+// Decided answers an asynchronous call once its outcome is ready.
+func (sc *scratch) Decided(o *decide.Outcome) {
+	failedOpen, err := sc.srv.conclude(sc, o, sc.now)
+	sc.send(failedOpen, err)
+}
+
+// send counts sc's answer, encodes it, pools sc and answers its call.
+func (sc *scratch) send(failedOpen bool, err error) {
+	s, r, out := sc.srv, sc.reply, sc.resp
+	defer func() {
+		if p := recover(); p != nil {
+			r.Send(nil, status.Errorf(codes.Internal, "rls: %v", p))
+		}
+	}()
+	s.metrics.count(&sc.ans, failedOpen, err)
+	if err == nil {
+		out = appendResponse(out, &sc.ans)
+	}
+	s.release(sc)
+	r.Send(out, err)
+}
+
 // decide answers sc.req into sc.ans; failedOpen reports an answer of the
 // fail mode.
 func (s *Service) decide(ctx context.Context, sc *scratch) (failedOpen bool, err error) {
-	r := &sc.req
-	switch {
-	case r.domain == "":
-		return false, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
-	case r.ndesc == 0:
-		return false, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
-	case r.ndesc > MaxDescriptors:
-		return false, status.Errorf(codes.InvalidArgument, "%d descriptors; the most is %d", r.ndesc, MaxDescriptors)
-	}
 	now := s.clock()
-	sc.reset()
-	if err := s.translate(r, sc); err != nil {
-		return false, err
-	}
-	denyAll := false // an enforcing limit of 0 per unit denies the request
-	for _, a := range sc.apps {
-		denyAll = denyAll || a.limit.DeniesAll() && !a.limit.Shadow && !s.engine.Shadow()
-	}
-	if denyAll {
-		// Denied whatever the store says: nothing is asked or counted.
-		s.respond(r, sc, nil, now)
-		return false, nil
-	}
-	for i, sp := range sc.spans {
-		sc.reqs[i].Key = sc.keys[sp.from:sp.to]
+	ask, failedOpen, err := s.begin(sc, now)
+	if !ask {
+		return failedOpen, err
 	}
 	// The caller's deadline does not bound the decision: the store's own
 	// budget does. A caller choosing a deadline too short for any store
@@ -275,6 +307,44 @@ func (s *Service) decide(ctx context.Context, sc *scratch) (failedOpen bool, err
 	// call, which the decision must not see).
 	out := &sc.out
 	s.engine.DecideLimits(grpcwire.WithoutCancel(ctx), sc.reqs, out)
+	return s.conclude(sc, out, now)
+}
+
+// begin checks sc.req and finds what to ask the engine, into sc.reqs. It
+// reports ask false when the request is answered without the engine: an
+// error, or sc.ans.
+func (s *Service) begin(sc *scratch, now time.Time) (ask, failedOpen bool, err error) {
+	r := &sc.req
+	switch {
+	case r.domain == "":
+		return false, false, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	case r.ndesc == 0:
+		return false, false, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	case r.ndesc > MaxDescriptors:
+		return false, false, status.Errorf(codes.InvalidArgument, "%d descriptors; the most is %d", r.ndesc, MaxDescriptors)
+	}
+	sc.reset()
+	if err := s.translate(r, sc); err != nil {
+		return false, false, err
+	}
+	denyAll := false // an enforcing limit of 0 per unit denies the request
+	for _, a := range sc.apps {
+		denyAll = denyAll || a.limit.DeniesAll() && !a.limit.Shadow && !s.engine.Shadow()
+	}
+	if denyAll {
+		// Denied whatever the store says: nothing is asked or counted.
+		s.respond(r, sc, nil, now)
+		return false, false, nil
+	}
+	for i, sp := range sc.spans {
+		sc.reqs[i].Key = sc.keys[sp.from:sp.to]
+	}
+	return true, false, nil
+}
+
+// conclude answers sc.req from the engine's outcome, into sc.ans.
+func (s *Service) conclude(sc *scratch, out *decide.Outcome, now time.Time) (failedOpen bool, err error) {
+	r := &sc.req
 	switch out.Verdict {
 	case decide.Allow, decide.Deny, decide.Unmatched:
 		s.respond(r, sc, out, now)
