@@ -99,7 +99,8 @@ type conn struct {
 	flooded    bool // too many control frames wait: the connection ends
 
 	// raw writes without waiting, for flushFor; nil if the socket has
-	// no file descriptor. tryWrite writes tryBuf to it, once.
+	// no file descriptor, or the system no non-blocking write authlimit
+	// uses (see rawWriter). tryWrite writes tryBuf to it, once.
 	raw      syscall.RawConn
 	tryWrite func(fd uintptr) bool
 	tryBuf   []byte
@@ -171,15 +172,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{srv: s, nc: nc, streams: map[uint32]*stream{},
 		sendWindow: defaultWindow, peerWindow: defaultWindow, maxFrame: readFrameSize}
 	c.flushed.L = &c.mu
-	if sc, ok := nc.(syscall.Conn); ok {
-		if raw, err := sc.SyscallConn(); err == nil {
-			c.raw = raw
-			c.tryWrite = func(fd uintptr) bool {
-				c.tryN, c.tryErr = syscall.Write(int(fd), c.tryBuf)
-				return true
-			}
-		}
-	}
+	c.raw, c.tryWrite = rawWriter(c, nc)
 	c.br = bufio.NewReaderSize(deadlineReader{c}, 16<<10)
 	c.fr = http2.NewFramer(io.Discard, c.br)
 	c.fr.SetReuseFrames()

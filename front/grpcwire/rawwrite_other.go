@@ -1,0 +1,13 @@
+//go:build !unix
+
+package grpcwire
+
+import (
+	"net"
+	"syscall"
+)
+
+// rawWriter returns nil: elsewhere than on Unix an asynchronous call's
+// answer is written as any other (flushFor falls back to flushLocked), so
+// its writer may wait for a slow client's socket.
+func rawWriter(*conn, net.Conn) (syscall.RawConn, func(fd uintptr) bool) { return nil, nil }
