@@ -94,21 +94,26 @@ func (w *grpcWorker) count(r *rpc, msg []byte, err error, elapsed time.Duration)
 // rpc's reading of its reply.
 func classifyCall(r *rpc, reply proto.Message, err error) (verdict, string) {
 	if err != nil {
-		return verdictOther, "gRPC " + status.Code(err).String()
+		return callFailed(err)
 	}
-	v, kind := r.classify(reply)
-	if v == verdictOther && kind == "" {
-		kind = "unexpected answer"
-	}
-	return v, kind
+	return named(r.classify(reply))
 }
 
 // readCall is classifyCall from the reply's bytes.
 func readCall(r *rpc, msg []byte, err error) (verdict, string) {
 	if err != nil {
-		return verdictOther, "gRPC " + status.Code(err).String()
+		return callFailed(err)
 	}
-	v, kind := r.read(msg)
+	return named(r.read(msg))
+}
+
+// callFailed is the verdict of a call answered with a gRPC status.
+func callFailed(err error) (verdict, string) {
+	return verdictOther, "gRPC " + status.Code(err).String()
+}
+
+// named gives an answer that is neither a decision nor named a kind.
+func named(v verdict, kind string) (verdict, string) {
 	if v == verdictOther && kind == "" {
 		kind = "unexpected answer"
 	}
