@@ -21,6 +21,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/authlimit/authlimit/front/grpcwire"
@@ -78,6 +79,7 @@ func rlsRPC(ips []netip.Addr) *rpc {
 		probe:    req(probeIP()),
 		newReply: func() proto.Message { return &rlsv3.RateLimitResponse{} },
 		classify: classifyRLS,
+		read:     readRLS,
 	}
 	for _, ip := range ips {
 		r.reqs = append(r.reqs, req(ip))
@@ -99,6 +101,113 @@ func classifyRLS(m proto.Message) (verdict, string) {
 	default:
 		return verdictOther, "overall_code " + c.String()
 	}
+}
+
+// readRLS is classifyRLS from a RateLimitResponse's bytes: its
+// overall_code (field 1).
+func readRLS(msg []byte) (verdict, string) {
+	var c uint64
+	if !eachField(msg, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) bool {
+		if num == 1 && typ == protowire.VarintType {
+			c = v
+		}
+		return true
+	}) {
+		return verdictOther, "malformed RateLimitResponse"
+	}
+	switch rlsv3.RateLimitResponse_Code(int32(c)) {
+	case rlsv3.RateLimitResponse_OK:
+		return verdictAllowed, ""
+	case rlsv3.RateLimitResponse_OVER_LIMIT:
+		return verdictDenied, ""
+	default:
+		return verdictOther, "overall_code " + rlsv3.RateLimitResponse_Code(int32(c)).String()
+	}
+}
+
+// readCheck is classifyCheck from a CheckResponse's bytes: the code of its
+// status (field 1, google.rpc.Status's field 1), whether it has an
+// ok_response (field 3), and its denied_response's (field 2) HTTP status
+// (field 1, type.v3.HttpStatus's field 1).
+func readCheck(msg []byte) (verdict, string) {
+	var code, httpCode uint64
+	var ok, denied bool
+	firstVarint := func(b []byte) (v uint64, good bool) {
+		good = eachField(b, func(num protowire.Number, typ protowire.Type, x uint64, _ []byte) bool {
+			if num == 1 && typ == protowire.VarintType {
+				v = x
+			}
+			return true
+		})
+		return v, good
+	}
+	good := eachField(msg, func(num protowire.Number, typ protowire.Type, _ uint64, b []byte) bool {
+		if typ != protowire.BytesType {
+			return true
+		}
+		var fine bool
+		switch num {
+		case 1:
+			code, fine = firstVarint(b)
+			return fine
+		case 2:
+			denied = true
+			return eachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, b []byte) bool {
+				if num == 1 && typ == protowire.BytesType {
+					httpCode, fine = firstVarint(b)
+					return fine
+				}
+				return true
+			})
+		case 3:
+			ok = true
+		}
+		return true
+	})
+	if !good {
+		return verdictOther, "malformed CheckResponse"
+	}
+	c := codes.Code(int32(code))
+	switch {
+	case c == codes.OK && ok:
+		return verdictAllowed, ""
+	case c == codes.OK:
+		return verdictOther, "status OK without ok_response"
+	case denied && httpCode == 429:
+		return verdictDenied, ""
+	case denied:
+		return verdictOther, fmt.Sprintf("status %s, HTTP %d", c, httpCode)
+	default:
+		return verdictOther, fmt.Sprintf("status %s without denied_response", c)
+	}
+}
+
+// eachField calls f with each field of a protobuf message: its number and
+// wire type, a varint's value, a length-delimited field's bytes. It
+// reports false if the message is malformed or f returns false.
+func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, p []byte) bool) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		var v uint64
+		var p []byte
+		switch typ {
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b)
+		case protowire.BytesType:
+			p, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 || !f(num, typ, v, p) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
 }
 
 // checkRPC is Check with one request per client, as Envoy's ext_authz
@@ -131,6 +240,7 @@ func checkRPC(ips []netip.Addr) *rpc {
 		probe:    req(probeIP()),
 		newReply: func() proto.Message { return &authv3.CheckResponse{} },
 		classify: classifyCheck,
+		read:     readCheck,
 	}
 	for _, ip := range ips {
 		r.reqs = append(r.reqs, req(ip))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -34,6 +35,11 @@ func TestClassifyRLS(t *testing.T) {
 		{"ok", &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, verdictAllowed, ""},
 		{"over limit", &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT}, verdictDenied, ""},
 		{"unknown", &rlsv3.RateLimitResponse{}, verdictOther, "overall_code UNKNOWN"},
+		{"over limit, statuses and headers", &rlsv3.RateLimitResponse{
+			OverallCode:          rlsv3.RateLimitResponse_OVER_LIMIT,
+			Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: rlsv3.RateLimitResponse_OVER_LIMIT, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 20, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}},
+			ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "ratelimit-limit", Value: "20"}, {Key: "ratelimit-remaining", Value: "0"}},
+		}, verdictDenied, ""},
 		{"wrong type", &authv3.CheckResponse{}, verdictOther, "reply of type *authv3.CheckResponse"},
 	}
 	for _, tt := range tests {
@@ -41,7 +47,29 @@ func TestClassifyRLS(t *testing.T) {
 			if got, kind := classifyRLS(tt.reply); got != tt.want || kind != tt.wantKind {
 				t.Errorf("classifyRLS = %d, %q; want %d, %q", got, kind, tt.want, tt.wantKind)
 			}
+			if _, isRLS := tt.reply.(*rlsv3.RateLimitResponse); isRLS {
+				readsAsClassified(t, readRLS, tt.reply, tt.want, tt.wantKind)
+			}
 		})
+	}
+	if v, kind := readRLS([]byte{0x0a, 0x05, 'x'}); v != verdictOther || kind != "malformed RateLimitResponse" {
+		t.Errorf("readRLS(truncated) = %d, %q; want the malformed answer", v, kind)
+	}
+}
+
+// readsAsClassified checks that read, given reply's bytes, gives the
+// verdict the classify functions give the decoded reply.
+func readsAsClassified(t *testing.T, read func([]byte) (verdict, string), reply proto.Message, want verdict, wantKind string) {
+	t.Helper()
+	b, err := proto.Marshal(reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, kind := read(b); got != want || kind != wantKind {
+		t.Errorf("read(%x) = %d, %q; want %d, %q", b, got, kind, want, wantKind)
+	}
+	if n := testing.AllocsPerRun(20, func() { read(b) }); n != 0 && want != verdictOther {
+		t.Errorf("read allocates %v times; want 0", n)
 	}
 }
 
@@ -63,6 +91,20 @@ func TestClassifyCheck(t *testing.T) {
 		{"429", denied(codes.ResourceExhausted, 429), verdictDenied, ""},
 		{"503", denied(codes.Unavailable, 503), verdictOther, "status Unavailable, HTTP 503"},
 		{"denied without response", &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.PermissionDenied)}}, verdictOther, "status PermissionDenied without denied_response"},
+		{"ok with headers", &authv3.CheckResponse{Status: &rpcstatus.Status{}, HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{
+			ResponseHeadersToAdd: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "ratelimit-remaining", Value: "99"}}},
+		}}}, verdictAllowed, ""},
+		{"429 with headers and body", &authv3.CheckResponse{
+			Status: &rpcstatus.Status{Code: int32(codes.ResourceExhausted), Message: "over"},
+			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+				Status:  &typev3.HttpStatus{Code: 429},
+				Headers: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "retry-after", Value: "1"}}},
+				Body:    `{"type":"urn:authlimit:rate-limited"}`,
+			}},
+		}, verdictDenied, ""},
+		{"denied without status", &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.ResourceExhausted)},
+			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{}}}, verdictOther, "status ResourceExhausted, HTTP 0"},
+		{"no status", &authv3.CheckResponse{}, verdictOther, "status OK without ok_response"},
 		{"wrong type", &rlsv3.RateLimitResponse{}, verdictOther, "reply of type *ratelimitv3.RateLimitResponse"},
 	}
 	for _, tt := range tests {
@@ -70,7 +112,13 @@ func TestClassifyCheck(t *testing.T) {
 			if got, kind := classifyCheck(tt.reply); got != tt.want || kind != tt.wantKind {
 				t.Errorf("classifyCheck = %d, %q; want %d, %q", got, kind, tt.want, tt.wantKind)
 			}
+			if _, isCheck := tt.reply.(*authv3.CheckResponse); isCheck {
+				readsAsClassified(t, readCheck, tt.reply, tt.want, tt.wantKind)
+			}
 		})
+	}
+	if v, kind := readCheck([]byte{0x12, 0x02, 0x0a, 0x05}); v != verdictOther || kind != "malformed CheckResponse" {
+		t.Errorf("readCheck(truncated) = %d, %q; want the malformed answer", v, kind)
 	}
 }
 
@@ -78,9 +126,16 @@ func TestClassifyCheck(t *testing.T) {
 // failures are counted by kind and reach the result's errors.
 func TestWorkerCount(t *testing.T) {
 	r := rlsRPC(nil)
-	ok := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
-	over := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT}
-	unknown := &rlsv3.RateLimitResponse{}
+	wire := func(m proto.Message) []byte {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	ok := wire(&rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK})
+	over := wire(&rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT})
+	unknown := wire(&rlsv3.RateLimitResponse{})
 	var a, b grpcWorker
 	a.count(r, ok, nil, time.Millisecond)
 	a.count(r, ok, nil, time.Millisecond)

@@ -155,18 +155,28 @@ func newWireConn(c net.Conn) (*wireConn, error) {
 // answered with a gRPC status other than OK returns that status as a
 // status error; any other error leaves the connection unusable.
 func (w *wireConn) call(wc *wireCall, reply proto.Message) error {
+	msg, err := w.exchange(wc)
+	if err != nil {
+		return err
+	}
+	return proto.Unmarshal(msg, reply)
+}
+
+// exchange makes one unary call, as call does, and returns its reply
+// message's bytes, valid until the next call.
+func (w *wireConn) exchange(wc *wireCall) ([]byte, error) {
 	id := w.next
 	if w.goingAway || id > maxStreamID {
-		return errGoAway
+		return nil, errGoAway
 	}
 	w.next += 2
 	dataLen := int64(len(wc.frames) - wc.dataOff - frameHeaderLen)
 	for w.sendWindow < dataLen {
 		if _, err := w.readFrame(0); err != nil {
-			return err
+			return nil, err
 		}
 		if w.goingAway {
-			return errGoAway
+			return nil, errGoAway
 		}
 	}
 	w.sendWindow -= dataLen
@@ -175,12 +185,12 @@ func (w *wireConn) call(wc *wireCall, reply proto.Message) error {
 	binary.BigEndian.PutUint32(w.out[wc.dataOff+5:], id)
 	w.httpStatus, w.grpcStatus, w.grpcMessage, w.msg = "", "", "", w.msg[:0]
 	if _, err := w.conn.Write(w.out); err != nil {
-		return err
+		return nil, err
 	}
 	for {
 		done, err := w.readFrame(id)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if done {
 			break
@@ -191,28 +201,28 @@ func (w *wireConn) call(wc *wireCall, reply proto.Message) error {
 		w.out = binary.BigEndian.AppendUint32(w.out, uint32(w.received))
 		w.received = 0
 		if _, err := w.conn.Write(w.out); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return w.answer(reply)
+	return w.answer()
 }
 
-// answer reads the finished call's status and message into reply.
-func (w *wireConn) answer(reply proto.Message) error {
+// answer reads the finished call's status, and returns its message.
+func (w *wireConn) answer() ([]byte, error) {
 	if w.httpStatus != "200" {
-		return fmt.Errorf("HTTP status %q", w.httpStatus)
+		return nil, fmt.Errorf("HTTP status %q", w.httpStatus)
 	}
 	code, err := strconv.ParseUint(w.grpcStatus, 10, 32)
 	if err != nil {
-		return fmt.Errorf("grpc-status %q", w.grpcStatus)
+		return nil, fmt.Errorf("grpc-status %q", w.grpcStatus)
 	}
 	if code != 0 {
-		return status.Error(codes.Code(code), w.grpcMessage)
+		return nil, status.Error(codes.Code(code), w.grpcMessage)
 	}
 	if len(w.msg) < 5 || w.msg[0] != 0 || int(binary.BigEndian.Uint32(w.msg[1:])) != len(w.msg)-5 {
-		return fmt.Errorf("malformed gRPC message of %d bytes", len(w.msg))
+		return nil, fmt.Errorf("malformed gRPC message of %d bytes", len(w.msg))
 	}
-	return proto.Unmarshal(w.msg[5:], reply)
+	return w.msg[5:], nil
 }
 
 // readFrame reads and handles one frame; done reports the end of stream

@@ -301,29 +301,39 @@ func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 		return false, nil
 	}
 	if !g.remote {
-		start := time.Now()
-		ok, err := g.store.Decide(ctx, reqs, res)
-		g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
-		if err == nil {
-			g.remember(reqs, res, now)
-		}
-		return ok, err
+		return g.decideHere(ctx, reqs, res, now)
 	}
 
 	sc := g.scratch.Get().(*scratch)
 	defer g.scratch.Put(sc)
-	shards := sc.shards[:0]
-	if g.sharded != nil {
-		shards = g.sharded.Shards(shards, reqs)
-	} else {
-		shards = append(shards, 0)
-	}
+	shards := g.shardsOf(sc, reqs)
 	if !g.breakers.allow(shards) {
 		return g.failMode.decide(g, ctx, sc, reqs, res)
 	}
 	start := time.Now()
 	ok, err := g.store.Decide(ctx, reqs, res)
 	return g.settle(ctx, sc, shards, reqs, res, now, start, ok, err)
+}
+
+// decideHere decides with a store in this process (the embedded one),
+// which never fails for want of a connection: no breaker, no fail mode.
+func (g *Guard) decideHere(ctx context.Context, reqs []algo.Request, res []algo.Result, now time.Time) (bool, error) {
+	start := time.Now()
+	ok, err := g.store.Decide(ctx, reqs, res)
+	g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
+	if err == nil {
+		g.remember(reqs, res, now)
+	}
+	return ok, err
+}
+
+// shardsOf returns the shards reqs are decided on, in sc's memory: the
+// store's, or the one shard of a store that has no others.
+func (g *Guard) shardsOf(sc *scratch, reqs []algo.Request) []int {
+	if g.sharded != nil {
+		return g.sharded.Shards(sc.shards[:0], reqs)
+	}
+	return append(sc.shards[:0], 0)
 }
 
 // settle takes the store's answer to a remote decision through the
@@ -593,22 +603,11 @@ func (g *Guard) DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done)
 	}
 	ctx := context.Background()
 	if !g.remote {
-		start := time.Now()
-		ok, err := g.store.Decide(ctx, reqs, res)
-		g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
-		if err == nil {
-			g.remember(reqs, res, now)
-		}
-		d.Decided(ok, err)
+		d.Decided(g.decideHere(ctx, reqs, res, now))
 		return true
 	}
 	sc := g.scratch.Get().(*scratch)
-	shards := sc.shards[:0]
-	if g.sharded != nil {
-		shards = g.sharded.Shards(shards, reqs)
-	} else {
-		shards = append(shards, 0)
-	}
+	shards := g.shardsOf(sc, reqs)
 	if !g.breakers.allow(shards) {
 		ok, err := g.failMode.decide(g, ctx, sc, reqs, res)
 		g.scratch.Put(sc)
