@@ -2,6 +2,7 @@ package algo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -122,6 +123,10 @@ func TestWindowWritesWithoutSetrange(t *testing.T) {
 			}
 		}
 	}
+	// authlimit can tell at start.
+	if err := rs.CheckInPlaceWrites(ctx); !errors.Is(err, ErrSetrangeDenied) {
+		t.Errorf("CheckInPlaceWrites without +setrange: %v, want ErrSetrangeDenied", err)
+	}
 	// The scripts did try SETRANGE, and Redis refused it.
 	log, err := admin.Do(ctx, "ACL", "LOG").Slice()
 	if err != nil {
@@ -129,5 +134,22 @@ func TestWindowWritesWithoutSetrange(t *testing.T) {
 	}
 	if !strings.Contains(fmt.Sprint(log), "setrange") {
 		t.Errorf("ACL LOG has no refused SETRANGE: %v", log)
+	}
+}
+
+// TestCheckInPlaceWrites: a user who may run SETRANGE passes the check,
+// which writes nothing: the probe's key does not exist after it.
+func TestCheckInPlaceWrites(t *testing.T) {
+	srv := redistest.New(t)
+	c := srv.Client(t)
+	prefix := srv.Prefix(t)
+	rs := newRedis(t, c, prefix)
+	ctx := context.Background()
+	if err := rs.CheckInPlaceWrites(ctx); err != nil {
+		t.Fatalf("CheckInPlaceWrites: %v", err)
+	}
+	n, err := c.Exists(ctx, string(rs.probe.appendStorageKey(nil, prefix, []byte("probe")))).Result()
+	if err != nil || n != 0 {
+		t.Errorf("the probe's key exists after the check (%d, %v)", n, err)
 	}
 }

@@ -341,6 +341,11 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a.closers = append(a.closers, func() error { g.Close(); return nil })
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = g.Start(sctx)
+	if rs, ok := gopts.Store.(*algo.Redis); ok && err == nil {
+		if cerr := rs.CheckInPlaceWrites(sctx); errors.Is(cerr, algo.ErrSetrangeDenied) {
+			log.Warn("the redis user may not run SETRANGE: decisions stay exact, but each window's write falls back to SET ... KEEPTTL, which costs Redis more and adds an entry to ACL LOG; grant +setrange (README: Least-privilege Redis user)", "redis", s.redisDisplay)
+		}
+	}
 	cancel()
 	if err != nil {
 		msg := redact(err.Error(), s.RedisURL)

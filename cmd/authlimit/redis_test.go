@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -358,5 +359,37 @@ func TestSlowDecisionGainsNothing(t *testing.T) {
 		if got := metric(t, app, m); got != 0 {
 			t.Errorf("%s = %v, want 0", m, got)
 		}
+	}
+}
+
+// TestWarnsWithoutSetrange: a Redis user without +setrange gets a warning
+// at start that names the command and the cost, and one with it none; both
+// decide.
+func TestWarnsWithoutSetrange(t *testing.T) {
+	srv := ownRedis(t)
+	admin := srv.Client(t)
+	for _, c := range []struct {
+		granted bool
+		client  string // a client of its own: the users share the key prefix
+	}{{true, "203.0.113.1"}, {false, "203.0.113.2"}} {
+		granted := c.granted
+		t.Run(fmt.Sprintf("granted=%v", granted), func(t *testing.T) {
+			user := redistest.NewACLUser(t, srv, "setrange")
+			if !granted {
+				if err := admin.Do(context.Background(), "ACL", "SETUSER", user.Name, "-setrange").Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a := startApp(t, map[string]string{"AUTHLIMIT_REDIS_URL": user.URL, "AUTHLIMIT_KEY_PREFIX": "setrange", "AUTHLIMIT_RULES": "name=r key=ip limit=10/1m"})
+			for i := 0; i < 2; i++ {
+				if r := a.do(t, authFrom(c.client)); r.status != 200 || r.headers["X-RateLimit-Remaining"] != strconv.Itoa(9-i) {
+					t.Fatalf("request %d: %d %v, want 200 with %d remaining", i+1, r.status, r.headers, 9-i)
+				}
+			}
+			warned := regexp.MustCompile(`level=WARN msg="the redis user may not run SETRANGE`).MatchString(a.logs.String())
+			if warned == granted {
+				t.Errorf("user granted +setrange: %v; warned: %v; logs:\n%s", granted, warned, a.logs.String())
+			}
+		})
 	}
 }
