@@ -22,10 +22,11 @@ import (
 // TestCallgrind counts the instructions redis-server executes per decision,
 // under valgrind's callgrind, which counts them the same however loaded the
 // machine: one decision at a time (a batch of one, as at low load), after
-// every key exists, for one rule of each algorithm and three rules on one
-// key; then batches of 1, 16 and 50 requests, as under load; and, in the same
-// run, the shapes authlimit is measured against: an empty script, a script
-// that only reads TIME, the naive limiter's script (INCRBY, PEXPIRE on the
+// every key exists, for one rule of each algorithm, two and three rules on
+// one key, and three with a sliding_window_log among them; then batches of
+// 1, 16 and 50 requests, as under load; and, in the same run, the shapes
+// authlimit is measured against: an empty script, a script that only reads
+// TIME, the naive limiter's script (INCRBY, PEXPIRE on the
 // first), envoyproxy/ratelimit's pipeline (INCRBY and EXPIRE, no script),
 // and the least a fixed window in decide.lua's key format costs (TIME, GET
 // and a SETRANGE over the value in a script that does no arithmetic). The
@@ -139,8 +140,12 @@ func TestCallgrind(t *testing.T) {
 	for _, a := range []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, GCRA} {
 		algs[a] = decide("1 rule "+a.String(), pol(a.String(), a))
 	}
+	decide("2 rules on one key (sliding_window_counter, token_bucket)",
+		pol("a", SlidingWindowCounter), pol("b", TokenBucket))
 	three := decide("3 rules on one key (sliding_window_counter, token_bucket, gcra)",
 		pol("a", SlidingWindowCounter), pol("b", TokenBucket), pol("c", GCRA))
+	decide("3 rules on one key (fixed_window, sliding_window_log, token_bucket)",
+		pol("a", FixedWindow), pol("l", SlidingWindowLog), pol("b", TokenBucket))
 
 	// Batches, as under load: requests of one rule in one script call.
 	w := &worker{}
