@@ -613,8 +613,12 @@ func appendLean(dst, buf []byte, now float64, pinned bool, p *Policy) []byte {
 	return dst
 }
 
-// flatLayout is the first byte of decide.lua's flat layout.
-const flatLayout = 7
+// The first byte of decide.lua's flat layout, and of its answer when every
+// rule admits with no delay.
+const (
+	flatLayout   = 7
+	flatAdmitted = 3
+)
 
 // flat reports whether a part of one request is sent in the flat layout:
 // several rules, none of them sliding_window_log.
@@ -721,7 +725,7 @@ func (r *Redis) parseReply(b []byte, parts []*part, tokens bool) error {
 		per = ruleReplyToken
 	}
 	num := func(b []byte, i int) int64 { return whole(b[2+8*i:]) }
-	if len(b) > 0 && b[0] == 3 {
+	if len(b) > 0 && b[0] == flatAdmitted {
 		// A request of several rules (the flat layout) that every rule
 		// admitted with no delay: [B] 3, then per rule [d] remaining,
 		// [d] reset after.

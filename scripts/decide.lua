@@ -114,17 +114,23 @@
 -- answer 0.7k; TIME, GET and a SETRANGE alone are 30.6k, and a key per
 -- window index with a bare INCRBY (PEXPIRE on the first), Redis TIME and
 -- the same integer answer 35.8k, the least a change of format could reach.
--- sliding_window_counter costs 45.8k, a bucket 56.9-57.4k (its SET moves
+-- sliding_window_counter costs 45.6k, a bucket 56.1-56.6k (its SET moves
 -- the expiry, as it must: a key lives a full refill or drain after its
--- last write); in batches of 50, 23.9k a decision (fixed_window) and
--- 25.4k (sliding_window_counter). A request of several rules without a
--- sliding_window_log is decided in the chunk too, in the flat layout, its
--- keys read with one MGET: sliding_window_counter and token_bucket on one
--- key cost 91.8k, with gcra 123.8k (the general path, 106.8k and 145.1k:
--- a function call per rule, a GET each), of which the Lua interpreter's
--- own work is a fifth, its garbage collection a tenth, MGET 3.9k and the
--- buckets' two SET ... PX 9.6k; with a sliding_window_log among three
--- rules, 191.9k.
+-- last write; SET ... PX costs Redis about 9k more than a SETRANGE, and
+-- its time is formatted with %d, which costs less than the %.17g Redis
+-- formats a number argument with); in batches of 50, 23.9k a decision
+-- (fixed_window) and 25.5k (sliding_window_counter). A call of one request
+-- of several rules without a sliding_window_log is decided in the chunk
+-- too, in the flat layout, its keys read with one MGET:
+-- sliding_window_counter and token_bucket on one key cost 91.3k, with gcra
+-- 122.3k (by rule, 106.7k and 145.0k). Of those 122.3k, 29.7k come before
+-- the rules are read, their unpack 9.7k, the MGET 12.8k (three GETs
+-- 15k), deciding the three rules 32k, their three writes 34k and the
+-- answer 4k. In a batch, whose call's own costs its requests share, a
+-- request of those three rules costs about 103k by rule, as much as the
+-- flat layout's decision costs there: what a request of several rules
+-- costs is mostly its reads, its writes and their values' parsing and
+-- formatting. With a sliding_window_log among three rules, 191.5k.
 
 -- Globals and their fields are looked up once, into locals, the one-rule
 -- path's first and the general path's after it.
@@ -502,7 +508,7 @@ if a == 7 then
       if V[b + 1] == 0 then
         local k, wval, wttl = V[K + b / 8 + 1], V[b + 7], V[b + 8]
         if wttl > 0 then
-          call('SET', k, wval, 'PX', wttl)
+          call('SET', k, wval, 'PX', format('%d', wttl))
         elseif #wval ~= -wttl or pcall('SETRANGE', k, '0', wval) ~= -wttl then
           call('SET', k, wval, 'KEEPTTL') -- in place if it keeps its length (see single)
         end
@@ -905,7 +911,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       if H < 1 then
         H = 1
       end
-      call('SET', k, spack('<dd', now, level), 'PX', H + slack)
+      call('SET', k, spack('<dd', now, level), 'PX', format('%d', H + slack))
       if lean and delay == 0 then
         return rem, reset
       end
@@ -1369,7 +1375,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
           call('SET', k, WVAL, 'KEEPTTL')
         end
       else
-        call('SET', k, WVAL, 'PX', WTTL)
+        call('SET', k, WVAL, 'PX', format('%d', WTTL))
       end
     else
       -- Record the admission in the log.
