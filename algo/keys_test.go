@@ -1,6 +1,7 @@
 package algo
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -148,6 +149,57 @@ func TestUnreadableKeyFailsBeforeWriting(t *testing.T) {
 					t.Errorf("%d of the request's keys exist after the refused decision (%v), want none", n, err)
 				}
 			})
+		}
+	}
+}
+
+// TestLayoutsAreToldApart: the first byte of decide.lua's argument names its
+// layout, and no two layouts share one: a one-rule call's algorithm (never
+// sliding_window_log's, which goes as a batch), the flat layout's 7 for a
+// call of one request of several rules without a log, three zero bytes
+// for any other batch; and a store that talks to the previous release's
+// script sends every call as that release's batch, which starts with the
+// time.
+func TestLayoutsAreToldApart(t *testing.T) {
+	srv := redistest.New(t)
+	rs := newRedis(t, srv.Client(t), srv.Prefix(t))
+	shapes := keyShapes(t, "layout")
+	ctx := context.Background()
+	for name, rules := range shapes {
+		reqs := make([]Request, len(rules))
+		for i, p := range rules {
+			reqs[i] = Request{Policy: p, Key: []byte("client")}
+		}
+		for _, general := range []bool{false, true} {
+			for _, flags := range []byte{0, 1} {
+				c := &call{}
+				if err := rs.encode(ctx, c, reqs); err != nil {
+					t.Fatal(err)
+				}
+				rs.general = general
+				blob := rs.appendBatch(nil, &worker{parts: []*part{&c.parts[0]}}, flags)
+				rs.general = false
+				var want []byte
+				switch {
+				case general:
+					// [d] -1: Redis's own time.
+					want = []byte{0, 0, 0, 0, 0, 0, 0xf0, 0xbf}
+				case flags == 1 || strings.HasPrefix(name, "batch") || rules[0].spec.Algorithm == SlidingWindowLog:
+					want = []byte{0, 0, 0}
+				case len(rules) > 1:
+					want = []byte{flatLayout, 0, 0}
+				default:
+					want = []byte{byte(rules[0].spec.Algorithm)}
+				}
+				if !bytes.HasPrefix(blob, want) {
+					t.Errorf("%s (general %v, flags %d): argument starts % x, want % x", name, general, flags, blob[:min(len(blob), 8)], want)
+				}
+			}
+		}
+	}
+	for _, a := range Algorithms() {
+		if byte(a) == flatLayout || byte(a) == 0 {
+			t.Errorf("algorithm %s's id %d is the flat layout's or the batch's first byte", a, a)
 		}
 	}
 }
