@@ -22,10 +22,12 @@ import (
 // TestCallgrind counts the instructions redis-server executes per decision,
 // under valgrind's callgrind, which counts them the same however loaded the
 // machine: one decision at a time (a batch of one, as at low load), after
-// every key exists, for one rule of each algorithm and three rules on one
-// key; then batches of 1, 16 and 50 requests, as under load; and, in the same
-// run, the shapes authlimit is measured against: an empty script, a script
-// that only reads TIME, the naive limiter's script (INCRBY, PEXPIRE on the
+// every key exists, for one rule of each algorithm, two and three rules on
+// one key, and three with a sliding_window_log among them; then batches of
+// 1, 16 and 50 requests of one rule, and of 16 and 50 of three, as under
+// load; and, in the same run, the shapes
+// authlimit is measured against: an empty script, a script that only reads
+// TIME, the naive limiter's script (INCRBY, PEXPIRE on the
 // first), envoyproxy/ratelimit's pipeline (INCRBY and EXPIRE, no script),
 // and the least a fixed window in decide.lua's key format costs (TIME, GET
 // and a SETRANGE over the value in a script that does no arithmetic). The
@@ -139,25 +141,45 @@ func TestCallgrind(t *testing.T) {
 	for _, a := range []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, GCRA} {
 		algs[a] = decide("1 rule "+a.String(), pol(a.String(), a))
 	}
+	decide("2 rules on one key (sliding_window_counter, token_bucket)",
+		pol("a", SlidingWindowCounter), pol("b", TokenBucket))
 	three := decide("3 rules on one key (sliding_window_counter, token_bucket, gcra)",
 		pol("a", SlidingWindowCounter), pol("b", TokenBucket), pol("c", GCRA))
+	decide("3 rules on one key (fixed_window, sliding_window_log, token_bucket)",
+		pol("a", FixedWindow), pol("l", SlidingWindowLog), pol("b", TokenBucket))
 
 	// Batches, as under load: requests of one rule in one script call.
 	w := &worker{}
 	var batched float64 // the last: fixed_window in batches of 50
+	three3 := []Algorithm{SlidingWindowCounter, TokenBucket, GCRA}
 	for _, b := range []struct {
-		a    Algorithm
+		algs []Algorithm
 		size int
-	}{{SlidingWindowCounter, 1}, {SlidingWindowCounter, 16}, {SlidingWindowCounter, 50}, {FixedWindow, 50}} {
-		p := pol("batch-"+b.a.String(), b.a)
+	}{
+		{[]Algorithm{SlidingWindowCounter}, 1}, {[]Algorithm{SlidingWindowCounter}, 16}, {[]Algorithm{SlidingWindowCounter}, 50},
+		{three3, 16}, {three3, 50}, {[]Algorithm{FixedWindow}, 50},
+	} {
+		var rules []*Policy
+		for _, a := range b.algs {
+			rules = append(rules, pol("batch-"+a.String(), a))
+		}
 		calls := make([]*call, b.size)
 		for i := range calls {
 			calls[i] = &call{done: make(chan struct{}, 1)}
 		}
-		batched = measure(fmt.Sprintf("1 rule %s, batches of %d", b.a, b.size), b.size, func(i int) {
+		name := fmt.Sprintf("1 rule %s, batches of %d", b.algs[0], b.size)
+		if len(b.algs) == 3 {
+			name = fmt.Sprintf("3 rules on one key, batches of %d", b.size)
+		}
+		// A decision is a request, of one rule or of three.
+		batched = measure(name, b.size, func(i int) {
 			w.batch = w.batch[:0]
 			for j, c := range calls {
-				if err := rs.encode(ctx, c, []Request{{Policy: p, Key: []byte(key(i + j))}}); err != nil {
+				reqs := make([]Request, len(rules))
+				for r, p := range rules {
+					reqs[r] = Request{Policy: p, Key: []byte(key(i + j))}
+				}
+				if err := rs.encode(ctx, c, reqs); err != nil {
 					t.Fatal(err)
 				}
 				c.deadline = time.Now().Add(time.Minute)

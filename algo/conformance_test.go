@@ -1,6 +1,7 @@
 package algo
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -131,30 +132,61 @@ var conformance = []struct {
 	}},
 }
 
+// TestConformance holds both stores to the hand-worked table, each rule alone
+// in its request, and beside a rule that always admits, before or after it
+// (for Redis, the flat layout, or the batch beside a sliding_window_log):
+// the other rule changes nothing of its answers.
 func TestConformance(t *testing.T) {
+	roomy := mustPolicy(t, Spec{Name: "conformance-roomy", Algorithm: TokenBucket, Limit: 1 << 40, Window: time.Second, Burst: 1 << 40})
 	for _, tc := range conformance {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := newFakeClock(epoch)
 			for _, st := range bothStores(t, clock) {
-				t.Run(st.name, func(t *testing.T) {
-					spec := tc.spec
-					spec.Name = tc.name + "-" + st.name
-					rule := mustPolicy(t, spec)
-					for i, s := range tc.steps {
-						clock.Set(epoch.Add(s.at))
-						key := s.key
-						if key == "" {
-							key = "k"
-						}
-						got := decideOne(t, st.store, Request{Policy: rule, Key: []byte(key), Cost: s.cost})
-						want := s.want
-						want.Limit = rule.Capacity()
-						if got != want {
-							t.Errorf("step %d (at %v, key %q, cost %d):\n got %+v\nwant %+v", i, s.at, key, s.cost, got, want)
-						}
-					}
-				})
+				for _, beside := range []string{"alone", "before", "after"} {
+					t.Run(st.name+"/"+beside, func(t *testing.T) {
+						conform(t, st, clock, tc.name+"-"+st.name+"-"+beside, tc.spec, tc.steps, beside, roomy)
+					})
+				}
 			}
 		})
+	}
+}
+
+// conform runs steps against spec on one store: alone in each request, or
+// with roomy before or after it.
+func conform(t *testing.T, st namedStore, clock *fakeClock, name string, spec Spec, steps []step, beside string, roomy *Policy) {
+	t.Helper()
+	spec.Name = name
+	rule := mustPolicy(t, spec)
+	for i, s := range steps {
+		clock.Set(epoch.Add(s.at))
+		key := s.key
+		if key == "" {
+			key = "k"
+		}
+		req := Request{Policy: rule, Key: []byte(key), Cost: s.cost}
+		var got Result
+		if beside == "alone" {
+			got = decideOne(t, st.store, req)
+		} else {
+			reqs, at := []Request{req, {Policy: roomy, Key: []byte(key)}}, 0
+			if beside == "before" {
+				reqs, at = []Request{reqs[1], req}, 1
+			}
+			res := make([]Result, 2)
+			ok, err := st.store.Decide(context.Background(), reqs, res)
+			if err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+			if ok != res[at].Allowed || !res[1-at].Allowed {
+				t.Fatalf("step %d: Decide = %v with %+v", i, ok, res)
+			}
+			got = res[at]
+		}
+		want := s.want
+		want.Limit = rule.Capacity()
+		if got != want {
+			t.Errorf("step %d (at %v, key %q, cost %d):\n got %+v\nwant %+v", i, s.at, key, s.cost, got, want)
+		}
 	}
 }

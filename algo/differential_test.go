@@ -80,12 +80,21 @@ func randomGap(rng *rand.Rand, p *Policy) time.Duration {
 
 // TestDifferential drives the memory store and the Redis store with the same
 // random sequences (random rules, keys, costs and gaps) and requires
-// identical answers, field for field.
+// identical answers, field for field: requests of any rules, and requests
+// of several rules none of which is a sliding_window_log, which decide.lua
+// reads in its flat layout and decides in a path of its own.
 func TestDifferential(t *testing.T) {
 	sequences := 2000
 	if testing.Short() {
 		sequences = 200
 	}
+	t.Run("any", func(t *testing.T) { differential(t, sequences, false) })
+	t.Run("flat", func(t *testing.T) { differential(t, sequences, true) })
+}
+
+// differential is TestDifferential's run, of requests of several rules and
+// no sliding_window_log if flat.
+func differential(t *testing.T, sequences int, flat bool) {
 	clock := newFakeClock(epoch)
 	stores := bothStores(t, clock)
 	mem, rs := stores[0].store, stores[1].store
@@ -96,8 +105,15 @@ func TestDifferential(t *testing.T) {
 	for seq := 0; seq < sequences; seq++ {
 		rng := rand.New(rand.NewPCG(seed, uint64(seq)))
 		rules := make([]*Policy, 1+rng.IntN(4))
+		if flat {
+			rules = make([]*Policy, 2+rng.IntN(4))
+		}
 		for i := range rules {
-			rules[i] = mustPolicy(t, randomSpec(rng, fmt.Sprintf("s%d-r%d", seq, i)))
+			s := randomSpec(rng, fmt.Sprintf("s%d-r%d", seq, i))
+			for flat && s.Algorithm == SlidingWindowLog {
+				s = randomSpec(rng, s.Name)
+			}
+			rules[i] = mustPolicy(t, s)
 		}
 		// Start anywhere in a day, so windows are not always aligned.
 		clock.Set(epoch.Add(time.Duration(rng.Int64N(int64(24 * time.Hour)))))
@@ -105,6 +121,9 @@ func TestDifferential(t *testing.T) {
 		for stepN := 0; stepN < 16; stepN++ {
 			clock.Advance(randomGap(rng, rules[rng.IntN(len(rules))]))
 			n := 1 + rng.IntN(len(rules))
+			if flat {
+				n = 2 + rng.IntN(len(rules)-1)
+			}
 			reqs := make([]Request, 0, n)
 			for _, i := range rng.Perm(len(rules))[:n] {
 				r := rules[i]

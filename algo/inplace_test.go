@@ -2,8 +2,8 @@ package algo
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +17,8 @@ import (
 // whether the new value has the old one's length (written over in place)
 // or not: here the stored index and count have leading zeros, which the
 // first write drops from the count, and the count later gains a digit. Alone in its
-// request (the one-rule path) and beside a second rule (the general path).
+// request (the one-rule path), beside a token bucket (the flat layout) and
+// beside a sliding_window_log (the general path).
 func TestWindowWritesKeepValueAndExpiry(t *testing.T) {
 	clock := newFakeClock(epoch.Add(90 * time.Second))
 	rs, client, _ := newRedisStore(t, nil)
@@ -25,23 +26,28 @@ func TestWindowWritesKeepValueAndExpiry(t *testing.T) {
 	ctx := context.Background()
 	const limit, window = 100, time.Minute
 	idx := sinceEpoch(clock.Now()) / window.Microseconds()
-	other := mustPolicy(t, Spec{Name: "inplace-other", Algorithm: TokenBucket, Limit: 1000, Window: window, Burst: 1000})
+	beside := map[string]*Policy{
+		"flat":    mustPolicy(t, Spec{Name: "inplace-bucket", Algorithm: TokenBucket, Limit: 1000, Window: window, Burst: 1000}),
+		"general": mustPolicy(t, Spec{Name: "inplace-log", Algorithm: SlidingWindowLog, Limit: 1000, Window: window}),
+	}
 	for _, c := range []struct {
 		a            Algorithm
 		seed, suffix string // the stored value, and what follows the count
-		general      bool   // with a second rule
+		with         string // "" alone, else a key of beside
 	}{
-		{FixedWindow, fmt.Sprintf("%07x:%04x", idx, 5), "", false},
-		{SlidingWindowCounter, fmt.Sprintf("%07x:%04x:0", idx, 5), ":0", false},
-		{FixedWindow, fmt.Sprintf("%07x:%04x", idx, 5), "", true},
-		{SlidingWindowCounter, fmt.Sprintf("%07x:%04x:0", idx, 5), ":0", true},
+		{FixedWindow, fmt.Sprintf("%07x:%04x", idx, 5), "", ""},
+		{SlidingWindowCounter, fmt.Sprintf("%07x:%04x:0", idx, 5), ":0", ""},
+		{FixedWindow, fmt.Sprintf("%07x:%04x", idx, 5), "", "flat"},
+		{SlidingWindowCounter, fmt.Sprintf("%07x:%04x:0", idx, 5), ":0", "flat"},
+		{FixedWindow, fmt.Sprintf("%07x:%04x", idx, 5), "", "general"},
+		{SlidingWindowCounter, fmt.Sprintf("%07x:%04x:0", idx, 5), ":0", "general"},
 	} {
-		t.Run(fmt.Sprintf("%s/general=%v", c.a, c.general), func(t *testing.T) {
-			p := mustPolicy(t, Spec{Name: fmt.Sprintf("inplace-%s-%v", c.a, c.general), Algorithm: c.a, Limit: limit, Window: window})
+		t.Run(fmt.Sprintf("%s/with=%s", c.a, c.with), func(t *testing.T) {
+			p := mustPolicy(t, Spec{Name: fmt.Sprintf("inplace-%s-%s", c.a, c.with), Algorithm: c.a, Limit: limit, Window: window})
 			key := p.StorageKey(rs.prefix, []byte("client"))
 			reqs := []Request{{Policy: p, Key: []byte("client")}}
-			if c.general {
-				reqs = append(reqs, Request{Policy: other, Key: []byte("client")})
+			if c.with != "" {
+				reqs = append(reqs, Request{Policy: beside[c.with], Key: []byte("client")})
 			}
 			res := make([]Result, len(reqs))
 			const ttl = 50 * time.Second
@@ -56,10 +62,10 @@ func TestWindowWritesKeepValueAndExpiry(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// The one-rule path writes the index back as read, the
-				// general path as a number.
+				// The one-rule path and the flat layout write the index
+				// back as read, the general path as a number.
 				want := fmt.Sprintf("%07x:%x%s", idx, n, c.suffix)
-				if c.general {
+				if c.with == "general" {
 					want = fmt.Sprintf("%x:%x%s", idx, n, c.suffix)
 				}
 				if got != want {
@@ -73,10 +79,12 @@ func TestWindowWritesKeepValueAndExpiry(t *testing.T) {
 	}
 }
 
-// TestWindowWritesWithoutSetrange: a user whose ACL does not grant SETRANGE
-// (the least-privilege user of earlier releases) still counts windows
-// exactly, alone in a request and beside a second rule: decide.lua writes
-// them with SET ... KEEPTTL after Redis refuses the SETRANGE.
+// TestWindowWritesWithoutSetrange: a user whose ACL grants neither SETRANGE
+// nor MGET (the least-privilege user of earlier releases) still counts
+// windows exactly, alone in a request, beside a bucket (the flat layout)
+// and beside a sliding_window_log (the general path): decide.lua writes
+// them with SET ... KEEPTTL after Redis refuses the SETRANGE, and reads a
+// request's keys with a GET each after Redis refuses the MGET.
 func TestWindowWritesWithoutSetrange(t *testing.T) {
 	srv := redistest.New(t)
 	admin := srv.Client(t)
@@ -86,7 +94,7 @@ func TestWindowWritesWithoutSetrange(t *testing.T) {
 	name := prefix + "-user"
 	args := []any{"ACL", "SETUSER", name}
 	for _, r := range redistest.LimitedUserRules(password, prefix) {
-		if r != "+setrange" {
+		if r != "+setrange" && r != "+mget" {
 			args = append(args, r)
 		}
 	}
@@ -106,47 +114,53 @@ func TestWindowWritesWithoutSetrange(t *testing.T) {
 	if err := admin.Do(ctx, "ACL", "LOG", "RESET").Err(); err != nil {
 		t.Fatal(err)
 	}
-	other := mustPolicy(t, Spec{Name: "nosetrange-other", Algorithm: TokenBucket, Limit: 1000, Window: time.Minute, Burst: 1000})
+	beside := []*Policy{
+		nil,
+		mustPolicy(t, Spec{Name: "nosetrange-bucket", Algorithm: TokenBucket, Limit: 1000, Window: time.Minute, Burst: 1000}),
+		mustPolicy(t, Spec{Name: "nosetrange-log", Algorithm: SlidingWindowLog, Limit: 1000, Window: time.Minute}),
+	}
 	const limit = 100
 	for _, a := range []Algorithm{FixedWindow, SlidingWindowCounter} {
-		for _, general := range []bool{false, true} {
-			p := mustPolicy(t, Spec{Name: fmt.Sprintf("nosetrange-%s-%v", a, general), Algorithm: a, Limit: limit, Window: time.Minute})
+		for i, other := range beside {
+			p := mustPolicy(t, Spec{Name: fmt.Sprintf("nosetrange-%s-%d", a, i), Algorithm: a, Limit: limit, Window: time.Minute})
 			reqs := []Request{{Policy: p, Key: []byte("client")}}
-			if general {
+			if other != nil {
 				reqs = append(reqs, Request{Policy: other, Key: []byte("client")})
 			}
 			res := make([]Result, len(reqs))
 			for n := 1; n <= 20; n++ {
 				if ok, err := rs.Decide(ctx, reqs, res); err != nil || !ok || res[0].Remaining != int64(limit-n) {
-					t.Fatalf("%s (general %v), request %d: %v, %v, %+v, want allowed with %d remaining", a, general, n, ok, err, res[0], limit-n)
+					t.Fatalf("%s (with %d), request %d: %v, %v, %+v, want allowed with %d remaining", a, i, n, ok, err, res[0], limit-n)
 				}
 			}
 		}
 	}
 	// authlimit can tell at start.
-	if err := rs.CheckInPlaceWrites(ctx); !errors.Is(err, ErrSetrangeDenied) {
-		t.Errorf("CheckInPlaceWrites without +setrange: %v, want ErrSetrangeDenied", err)
+	if refused, err := rs.RefusedCommands(ctx); err != nil || !slices.Equal(refused, []string{"SETRANGE", "MGET"}) {
+		t.Errorf("RefusedCommands without +setrange and +mget: %q, %v; want [SETRANGE MGET]", refused, err)
 	}
 	// The scripts did try SETRANGE, and Redis refused it.
 	log, err := admin.Do(ctx, "ACL", "LOG").Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(fmt.Sprint(log), "setrange") {
-		t.Errorf("ACL LOG has no refused SETRANGE: %v", log)
+	for _, cmd := range []string{"setrange", "mget"} {
+		if !strings.Contains(fmt.Sprint(log), cmd) {
+			t.Errorf("ACL LOG has no refused %s: %v", cmd, log)
+		}
 	}
 }
 
-// TestCheckInPlaceWrites: a user who may run SETRANGE passes the check,
-// which writes nothing: the probe's key does not exist after it.
-func TestCheckInPlaceWrites(t *testing.T) {
+// TestRefusedCommands: a user who may run every command gets none back,
+// and the check writes nothing: the probe's key does not exist after it.
+func TestRefusedCommands(t *testing.T) {
 	srv := redistest.New(t)
 	c := srv.Client(t)
 	prefix := srv.Prefix(t)
 	rs := newRedis(t, c, prefix)
 	ctx := context.Background()
-	if err := rs.CheckInPlaceWrites(ctx); err != nil {
-		t.Fatalf("CheckInPlaceWrites: %v", err)
+	if refused, err := rs.RefusedCommands(ctx); err != nil || len(refused) > 0 {
+		t.Fatalf("RefusedCommands: %q, %v; want none", refused, err)
 	}
 	n, err := c.Exists(ctx, string(rs.probe.appendStorageKey(nil, prefix, []byte("probe")))).Result()
 	if err != nil || n != 0 {

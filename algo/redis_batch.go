@@ -537,9 +537,13 @@ func (r *Redis) appendBatch(dst []byte, w *worker, flags byte) []byte {
 		pinned = float64(sinceEpoch(r.clock()))
 	}
 	if !r.general {
-		if flags == 0 && len(w.parts) == 1 && len(w.parts[0].ids) == 1 {
-			if p := r.policy(w.parts[0].ids[0]); p.spec.Algorithm != SlidingWindowLog {
-				return appendLean(dst, w.parts[0].buf, pinned, r.clock != nil, p)
+		if flags == 0 && len(w.parts) == 1 {
+			if p := w.parts[0]; len(p.ids) == 1 {
+				if pol := r.policy(p.ids[0]); pol.spec.Algorithm != SlidingWindowLog {
+					return appendLean(dst, p.buf, pinned, r.clock != nil, pol)
+				}
+			} else if r.flat(p) {
+				return r.appendFlat(dst, p, pinned)
 			}
 		}
 		dst = append(dst, 0, 0, 0)
@@ -609,6 +613,54 @@ func appendLean(dst, buf []byte, now float64, pinned bool, p *Policy) []byte {
 	return dst
 }
 
+// The first byte of decide.lua's flat layout, and of its answer when every
+// rule admits with no delay.
+const (
+	flatLayout   = 7
+	flatAdmitted = 3
+)
+
+// flat reports whether a part of one request is sent in the flat layout:
+// several rules, none of them sliding_window_log.
+func (r *Redis) flat(p *part) bool {
+	if len(p.ids) < 2 {
+		return false
+	}
+	for _, id := range p.ids {
+		if r.policy(id).spec.Algorithm == SlidingWindowLog {
+			return false
+		}
+	}
+	return true
+}
+
+// appendFlat appends decide.lua's argument in the flat layout for a part of
+// one request of several rules: [B] 7, [H] 0, [d] the time (or -1), [d] the
+// number of rules, then per rule [B] algorithm, [B] shadow, [d] limit,
+// [d] window, [d] burst, [d] delay, [d] max cost, [d] cost, then per rule
+// [H] key length and the key.
+func (r *Redis) appendFlat(dst []byte, p *part, now float64) []byte {
+	dst = append(dst, flatLayout, 0, 0)
+	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(now))
+	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(len(p.ids))))
+	for j, id := range p.ids {
+		pol := r.policy(id)
+		dst = append(dst, byte(pol.spec.Algorithm), p.buf[p.idAt[j]+2])
+		for _, v := range [...]int64{pol.spec.Limit, pol.window, pol.spec.Burst, pol.delay, pol.maxCost} {
+			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
+		}
+		dst = append(dst, p.buf[p.idAt[j]+3:p.idAt[j]+11]...)
+	}
+	for j := range p.ids {
+		end := len(p.buf)
+		if j+1 < len(p.idAt) {
+			end = p.idAt[j+1]
+		}
+		dst = append(dst, p.buf[p.idAt[j]+11:end]...)
+	}
+	return dst
+}
+
 // appendDecideParams appends the policy's entry of decide.lua's policy
 // table.
 func (p *Policy) appendDecideParams(dst []byte) []byte {
@@ -673,6 +725,20 @@ func (r *Redis) parseReply(b []byte, parts []*part, tokens bool) error {
 		per = ruleReplyToken
 	}
 	num := func(b []byte, i int) int64 { return whole(b[2+8*i:]) }
+	if len(b) > 0 && b[0] == flatAdmitted {
+		// A request of several rules (the flat layout) that every rule
+		// admitted with no delay: [B] 3, then per rule [d] remaining,
+		// [d] reset after.
+		if len(parts) != 1 || len(b) != 1+16*len(parts[0].ids) {
+			return errors.New("reply is not a flat admission")
+		}
+		p := parts[0]
+		p.admitted = true
+		for j, id := range p.ids {
+			p.c.res[p.idx[j]] = Result{Allowed: true, Limit: r.policy(id).capacity(), Remaining: whole(b[1+16*j:]), ResetAfter: micros(whole(b[9+16*j:]))}
+		}
+		return nil
+	}
 	for _, p := range parts {
 		if len(b) > 0 && b[0] == 2 {
 			// A request of one rule that it admitted with no delay: [B] 2,

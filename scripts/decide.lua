@@ -10,14 +10,21 @@
 --       in Redis Cluster, every key of the batch, all of one hash slot, so
 --       the cluster routes the call and checks the slot. The script reads
 --       its keys from ARGV[1] either way.
--- ARGV[1]: little-endian binary (struct formats in brackets), one of two
---   layouts, told apart by the first byte:
+-- ARGV[1]: little-endian binary (struct formats in brackets), one of three
+--   layouts, told apart by the first byte (an algorithm, 7 or 0):
 --   one rule a call of one request of one rule (not sliding_window_log)
 --            that wants no refund token, every call at low load: [B] its
 --            algorithm (below), [H] key length and the key, [d] limit,
 --            [d] window (µs), [d] max cost, [B] flags (1 shadow, 2 a
 --            pinned time follows), [d] cost, for a bucket [d] burst and
 --            [d] delay (µs), and with flag 2 [d] the time as below
+--   flat     a call of one request of several rules, none
+--            sliding_window_log, that wants no refund token, every call
+--            at low load of a route with several rules: [B] 7, [H] 0,
+--            [d] the time as below, [d] the number of rules, then per
+--            rule [B] algorithm, [B] shadow, [d] limit, [d] window (µs),
+--            [d] burst, [d] delay (µs), [d] max cost, [d] cost, then per
+--            rule [H] key length and the key
 --   batch    three zero bytes, then
 --   header   [d] the time in µs since 2020-01-01T00:00:00Z, or -1 to read
 --                Redis TIME (production always reads TIME, so replicas with
@@ -35,7 +42,8 @@
 --            [B] shadow (1: its denial does not deny), [d] cost, [H] key
 --            length and the key
 --   The batch after its three zero bytes is the previous release's whole
---   argument, which the store sends a script of that release (tests).
+--   argument, which the store sends a script of that release (tests),
+--   never the other layouts.
 -- Reply: one string, little-endian binary: per request, [B] admitted
 --   (1 or 0), then per rule [B] allowed (1 or 0), [B] reason (0 none,
 --   1 limited, 2 cost too high), [d] remaining, [d] reset after (µs),
@@ -47,7 +55,9 @@
 --   instead; and a call of only such a request answers one integer,
 --   remaining + (capacity + 1) * reset after (capacity: the burst of a
 --   bucket, else the limit), when that is below 2^53, which Redis answers
---   far more cheaply than a string. Every value is a whole number; Go reads
+--   far more cheaply than a string. A call in the flat layout answers as
+--   a batch of its one request, or, if every rule admits it with no
+--   delay, [B] 3, then per rule [d] remaining, [d] reset after. Every value is a whole number; Go reads
 --   it as C casts a Lua number to a Redis integer (towards zero). One
 --   string, packed here, costs Redis a third of what an array of integers
 --   does to convert. An admitted request's allowing rules answer with their
@@ -86,9 +96,11 @@
 -- hundred each, the arithmetic around them tens. So a window (fixed_window,
 -- sliding_window_counter) alone in its call is decided in the chunk itself,
 -- with no function, no table and one unpack; any other request of one rule,
--- and most requests of a batch, by single, with no table; a request of
--- several by rule, which keeps each rule's answer in its locals; both take
--- what they use as arguments. A window counted again in its window keeps
+-- and most requests of a batch, by single, with no table; a call of one
+-- request of several rules in the flat layout in the chunk, with one table
+-- and one MGET; a request of several in a batch by rule, which keeps each
+-- rule's answer in its locals; single and rule take what they use as
+-- arguments. A window counted again in its window keeps
 -- its expiry, and its value, if it keeps its length, is written over in
 -- place (SETRANGE from 0: SET's OK costs Redis a table, SET ... PX twice
 -- what SET ... KEEPTTL does). A fixed_window decision alone in its call
@@ -102,10 +114,23 @@
 -- answer 0.7k; TIME, GET and a SETRANGE alone are 30.6k, and a key per
 -- window index with a bare INCRBY (PEXPIRE on the first), Redis TIME and
 -- the same integer answer 35.8k, the least a change of format could reach.
--- sliding_window_counter costs 45.8k, a bucket 57.0-57.2k (its SET moves
+-- sliding_window_counter costs 45.6k, a bucket 56.1-56.6k (its SET moves
 -- the expiry, as it must: a key lives a full refill or drain after its
--- last write), three rules on one key 145k; in batches of 50, 24.0k a
--- decision (fixed_window) and 25.5k (sliding_window_counter).
+-- last write; SET ... PX costs Redis about 9k more than a SETRANGE, and
+-- its time is formatted with %d, which costs less than the %.17g Redis
+-- formats a number argument with); in batches of 50, 23.9k a decision
+-- (fixed_window) and 25.5k (sliding_window_counter). A call of one request
+-- of several rules without a sliding_window_log is decided in the chunk
+-- too, in the flat layout, its keys read with one MGET:
+-- sliding_window_counter and token_bucket on one key cost 91.3k, with gcra
+-- 122.3k (by rule, 106.7k and 145.0k). Of those 122.3k, 29.7k come before
+-- the rules are read, their unpack 9.7k, the MGET 12.8k (three GETs
+-- 15k), deciding the three rules 32k, their three writes 34k and the
+-- answer 4k. In a batch, whose call's own costs its requests share, a
+-- request of those three rules costs about 103k by rule, as much as the
+-- flat layout's decision costs there: what a request of several rules
+-- costs is mostly its reads, its writes and their values' parsing and
+-- formatting. With a sliding_window_log among three rules, 191.5k.
 
 -- Globals and their fields are looked up once, into locals, the one-rule
 -- path's first and the general path's after it.
@@ -123,7 +148,11 @@ local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
 local blob = ARGV[1]
 local a, lk, L, W, M, sh, c, pos = sunpack('<BHc0dddBd', blob)
 local now, nreq, npol, flags, B, D = -1
-if a ~= 0 then
+if a == 7 then
+  -- The flat layout, read as an empty key, the time (L) and the number of
+  -- rules (W), what follows being its first rule's.
+  now, nreq, pos = L, W, 20
+elseif a ~= 0 then
   if a > 3 then
     B, D, pos = sunpack('<dd', blob, pos)
   end
@@ -154,6 +183,372 @@ end
 -- the window's arithmetic (TestDifferential and TestBatchMatchesSequential
 -- hold both to the memory store). A sliding_window_counter denied by its
 -- limit goes on to the general path, which works out its wait.
+-- The flat layout: one request of several rules, none sliding_window_log,
+-- decided here, in the chunk itself, as rule below decides them, operation
+-- for operation, with no function call: one unpack reads every rule into
+-- V, whose slots then hold each rule's outcome, and one MGET reads every
+-- key. MGET answers nil (false) for a key of another type, which reads as
+-- no state and is replaced, as a GET's WRONGTYPE does; a key the user may
+-- not read fails the call before anything is written.
+if a == 7 then
+  local n = nreq
+  local f -- per rule [BBdddddd], then per rule [Hc0]
+  if n == 2 then
+    f = '<BBddddddBBddddddHc0Hc0'
+  elseif n == 3 then
+    f = '<BBddddddBBddddddBBddddddHc0Hc0Hc0'
+  else
+    f = '<' .. str.rep('BBdddddd', n) .. str.rep('Hc0', n)
+  end
+  local V = { sunpack(f, blob, pos) }
+  local K = 8 * n -- the keys are V[K + 1] to V[K + n]
+  local got
+  if n == 2 then
+    got = pcall('MGET', V[17], V[18])
+  elseif n == 3 then
+    got = pcall('MGET', V[25], V[26], V[27])
+  else
+    got = pcall('MGET', unpack(V, K + 1, K + n))
+  end
+  if got.err then
+    -- A user not granted MGET (earlier releases did not need it), or a
+    -- key it may not read: a GET each, which fails for the key.
+    got = {}
+    for j = 1, n do
+      local v = pcall('GET', V[K + j])
+      if v and v.err then
+        if not str.find(v.err, 'WRONGTYPE', 1, true) then
+          error(v) -- not a wrong type: the key cannot be read (an ACL, say)
+        end
+        v = false
+      end
+      got[j] = v
+    end
+  end
+  local ceil = math.ceil
+  -- Phase one: decide every rule without writing. A rule's eight slots,
+  -- its algorithm, shadow, limit, window, burst, delay, max cost and cost,
+  -- then hold its outcome: reason (0 admits, 1 limited, 2 cost too high),
+  -- the counts as they stand (remaining, reset after), its retry after if
+  -- denied or its delay if not, the counts after consuming (remaining,
+  -- reset after), and what to write: the value and its expiry (ms), or,
+  -- written in place, minus the length of the value read.
+  local all, compact = 1, true
+  for b = 0, K - 8, 8 do
+    local a, sh, L, W, B, D, M, c = V[b + 1], V[b + 2], V[b + 3], V[b + 4], V[b + 5], V[b + 6], V[b + 7], V[b + 8]
+    local v = got[b / 8 + 1]
+    local reason, hrem, hreset, x2, trem, treset, wval, wttl = 1, 0, 0, 0, 0, 0, false, 0
+    if a == 1 or a == 3 then
+      local w, m, x, z
+      if v then
+        x, m, z = match(v, '^(%x+):(%x+):?(%x*)$')
+        if x then
+          w, m = tonumber(x, 16), tonumber(m, 16)
+        end
+      end
+      local idx = (now - now % W) / W
+      if a == 1 then -- fixed_window
+        local cnt, keep = 0, false
+        if w and w >= idx then
+          idx, cnt, keep = w, m, true
+        end
+        local ending = (idx + 1) * W - now
+        hrem = L - cnt
+        if cnt > 0 then
+          hreset = ending
+        end
+        if c > M or cnt + c > L then
+          x2 = ending
+        else
+          reason, trem, treset = 0, L - cnt - c, ending
+          if keep then
+            wval, wttl = x .. ':' .. format('%x', cnt + c), -#v
+          else
+            local ttl = ending / 1000
+            if ttl % 1 > 0 then
+              ttl = ttl - ttl % 1 + 1
+            end
+            if ttl < 1 then
+              ttl = 1
+            end
+            wval, wttl = format('%x:%x', idx, cnt + c), ttl + slack
+          end
+        end
+      else -- sliding_window_counter
+        local cur, prev, keep = 0, 0, false
+        if w then
+          if w >= idx then
+            idx, cur, keep = w, m, true
+            if z == '' then
+              z = '0'
+            elseif z ~= '0' then
+              prev = tonumber(z, 16)
+            end
+          elseif w == idx - 1 then
+            prev = m
+          end
+        end
+        local e = now - idx * W
+        if e < 0 then
+          e = 0
+        end
+        local est = prev * (W - e) / W + cur
+        local left = L - est
+        left = left - left % 1
+        if left < 0 then
+          left = 0
+        end
+        hrem = left
+        if cur > 0 then
+          hreset = 2 * W - e
+        elseif prev > 0 then
+          hreset = W - e
+        end
+        if c > M then
+          -- denied: cost too high
+        elseif est + c <= L then
+          left = L - est - c
+          left = left - left % 1
+          if left < 0 then
+            left = 0
+          end
+          reason, trem, treset = 0, left, 2 * W - e
+          if keep then
+            wval, wttl = x .. ':' .. format('%x', cur + c) .. ':' .. z, -#v
+          else
+            local ttl = (2 * W - e) / 1000
+            if ttl % 1 > 0 then
+              ttl = ttl - ttl % 1 + 1
+            end
+            if ttl < 1 then
+              ttl = 1
+            end
+            wval, wttl = format('%x:%x:%x', idx, cur + c, prev), ttl + slack
+          end
+        else
+          -- The wait, as rule works it out.
+          local wait
+          if cur + c <= L then
+            wait = math.max(ceil(W - (L - cur - c) * W / prev - e), 1)
+          else
+            wait = W - e + math.max(ceil(W - (L - c) * W / cur), 0)
+          end
+          for _ = 1, 4 do
+            local at = now + wait
+            local ix, cu, pr = (at - at % W) / W, 0, 0
+            if w then
+              if w >= ix then
+                ix, cu, pr = w, m, prev -- w >= ix only if w >= idx: prev is its own
+              elseif w == ix - 1 then
+                pr = m
+              end
+            end
+            local el = at - ix * W
+            if el < 0 then
+              el = 0
+            end
+            if pr * (W - el) / W + cu + c <= L then
+              break
+            end
+            wait = wait + 1
+          end
+          x2 = wait
+        end
+      end
+    else -- token_bucket (4); leaky_bucket (5) and gcra (6)
+      local t, x
+      if v and #v == 16 then
+        t, x = sunpack('<dd', v)
+      end
+      local level, reset
+      if a == 4 then
+        level = B
+        if t then
+          local dt = now - t
+          if dt < 0 then
+            dt = 0
+          end
+          level = x + dt * L / W
+          if level > B then
+            level = B
+          end
+        end
+        hrem = level - level % 1
+        reset = (B - level) * W / L
+      else
+        level = 0
+        if t then
+          local dt = now - t
+          if dt < 0 then
+            dt = 0
+          end
+          level = x - dt * L / W
+          if level < 0 then
+            level = 0
+          end
+        end
+        local left = B - level
+        left = left - left % 1
+        if left < 0 then
+          left = 0
+        end
+        hrem = left
+        reset = level * W / L
+      end
+      local fl = reset - reset % 1
+      if fl < reset then
+        reset = fl + 1
+      end
+      hreset = reset
+      if c > M then
+        -- denied: cost too high
+      elseif a == 4 then
+        if level < c then
+          local wait = ceil((c - level) * W / L)
+          for _ = 1, 4 do
+            local lv = B -- the level at now + wait, as level_at works it out
+            if t then
+              local dt = now + wait - t
+              if dt < 0 then
+                dt = 0
+              end
+              lv = x + dt * L / W
+              if lv > B then
+                lv = B
+              end
+            end
+            if lv >= c then
+              break
+            end
+            wait = wait + 1
+          end
+          x2 = wait
+        else
+          level = level - c
+          reset = (B - level) * W / L
+          fl = reset - reset % 1
+          if fl < reset then
+            reset = fl + 1
+          end
+          reason, trem, treset = 0, level - level % 1, reset
+        end
+      else
+        local over, wait = level + c - B, 0
+        if over > 0 then
+          wait = ceil(over * W / L)
+        end
+        if wait > D then
+          local retry = wait - D
+          for _ = 1, 4 do
+            local lv = 0 -- the level at now + retry, as level_at works it out
+            if t then
+              local dt = now + retry - t
+              if dt < 0 then
+                dt = 0
+              end
+              lv = x - dt * L / W
+              if lv < 0 then
+                lv = 0
+              end
+            end
+            local o = lv + c - B
+            if o <= 0 or ceil(o * W / L) <= D then
+              break
+            end
+            retry = retry + 1
+          end
+          x2 = retry
+        else
+          level = level + c
+          local left = B - level
+          left = left - left % 1
+          if left < 0 then
+            left = 0
+          end
+          reset = level * W / L
+          fl = reset - reset % 1
+          if fl < reset then
+            reset = fl + 1
+          end
+          reason, trem, treset, x2 = 0, left, reset, wait
+          if wait > 0 then
+            compact = false
+          end
+        end
+      end
+      if reason == 0 then
+        local H = B * W / L -- the key's whole horizon, as rule writes it
+        if a ~= 4 then
+          H = H + D
+        end
+        H = H / 1000
+        if H % 1 > 0 then
+          H = H - H % 1 + 1
+        end
+        if H < 1 then
+          H = 1
+        end
+        wval, wttl = spack('<dd', now, level), H + slack
+      end
+    end
+    if c > M then
+      reason, x2 = 2, 0
+    end
+    if reason ~= 0 then
+      compact = false
+      if sh ~= 1 then
+        all = 0
+      end
+    end
+    V[b + 1], V[b + 2], V[b + 3], V[b + 4], V[b + 5], V[b + 6], V[b + 7], V[b + 8] = reason, hrem, hreset, x2, trem, treset, wval, wttl
+  end
+  -- Phase two: only if the request is admitted, write.
+  if all == 1 then
+    for b = 0, K - 8, 8 do
+      if V[b + 1] == 0 then
+        local k, wval, wttl = V[K + b / 8 + 1], V[b + 7], V[b + 8]
+        if wttl > 0 then
+          call('SET', k, wval, 'PX', format('%d', wttl))
+        elseif #wval ~= -wttl or pcall('SETRANGE', k, '0', wval) ~= -wttl then
+          call('SET', k, wval, 'KEEPTTL') -- in place if it keeps its length (see single)
+        end
+      end
+    end
+  end
+  -- Every rule admitting with no delay answers [B] 3, then per rule [d]
+  -- remaining and [d] reset after, consumed.
+  if compact then
+    if n == 2 then
+      return spack('<Bdddd', 3, V[5], V[6], V[13], V[14])
+    elseif n == 3 then
+      return spack('<Bdddddd', 3, V[5], V[6], V[13], V[14], V[21], V[22])
+    end
+    local out = { spack('<B', 3) }
+    for b = 0, K - 8, 8 do
+      out[#out + 1] = spack('<dd', V[b + 5], V[b + 6])
+    end
+    return table.concat(out)
+  end
+  -- Otherwise the batch's reply for one request (see rule).
+  local out = {}
+  for b = 0, K - 8, 8 do
+    local reason, rem, reset, retry, delay = V[b + 1], V[b + 2], V[b + 3], V[b + 4], 0
+    local ok = 0
+    if reason == 0 then
+      ok, retry = 1, 0
+      if all == 1 then
+        rem, reset, delay = V[b + 5], V[b + 6], V[b + 4]
+      end
+    end
+    if b == 0 then
+      out[1] = spack('<BBBdddd', all, ok, reason, rem, reset, retry, delay)
+    else
+      out[b / 8 + 1] = spack('<BBdddd', ok, reason, rem, reset, retry, delay)
+    end
+  end
+  return table.concat(out)
+end
+
 if lk and a < 4 then
   local v = pcall('GET', lk)
   local w, n, x, z
@@ -516,7 +911,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       if H < 1 then
         H = 1
       end
-      call('SET', k, spack('<dd', now, level), 'PX', H + slack)
+      call('SET', k, spack('<dd', now, level), 'PX', format('%d', H + slack))
       if lean and delay == 0 then
         return rem, reset
       end
@@ -980,7 +1375,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
           call('SET', k, WVAL, 'KEEPTTL')
         end
       else
-        call('SET', k, WVAL, 'PX', WTTL)
+        call('SET', k, WVAL, 'PX', format('%d', WTTL))
       end
     else
       -- Record the admission in the log.

@@ -342,8 +342,8 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = g.Start(sctx)
 	if rs, ok := gopts.Store.(*algo.Redis); ok && err == nil {
-		if cerr := rs.CheckInPlaceWrites(sctx); errors.Is(cerr, algo.ErrSetrangeDenied) {
-			log.Warn("the redis user may not run SETRANGE: decisions stay exact, but each window's write falls back to SET ... KEEPTTL, which costs Redis more and adds an entry to ACL LOG; grant +setrange (README: Least-privilege Redis user)", "redis", s.redisDisplay)
+		if missing, _ := rs.RefusedCommands(sctx); len(missing) > 0 {
+			log.Warn("the redis user may not run "+strings.Join(missing, " or ")+": decisions stay exact, but decide.lua falls back to slower commands (SET ... KEEPTTL for SETRANGE, a GET per key for MGET), which cost Redis more and add entries to ACL LOG; grant them (README: Least-privilege Redis user)", "redis", s.redisDisplay)
 		}
 	}
 	cancel()

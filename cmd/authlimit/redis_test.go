@@ -362,33 +362,42 @@ func TestSlowDecisionGainsNothing(t *testing.T) {
 	}
 }
 
-// TestWarnsWithoutSetrange: a Redis user without +setrange gets a warning
-// at start that names the command and the cost, and one with it none; both
-// decide.
-func TestWarnsWithoutSetrange(t *testing.T) {
+// TestWarnsOfRefusedCommands: a Redis user without +setrange or +mget
+// gets a warning at start that names what it lacks, and one with both
+// none; every one decides.
+func TestWarnsOfRefusedCommands(t *testing.T) {
 	srv := ownRedis(t)
 	admin := srv.Client(t)
 	for _, c := range []struct {
-		granted bool
-		client  string // a client of its own: the users share the key prefix
-	}{{true, "203.0.113.1"}, {false, "203.0.113.2"}} {
-		granted := c.granted
-		t.Run(fmt.Sprintf("granted=%v", granted), func(t *testing.T) {
-			user := redistest.NewACLUser(t, srv, "setrange")
-			if !granted {
-				if err := admin.Do(context.Background(), "ACL", "SETUSER", user.Name, "-setrange").Err(); err != nil {
+		remove []any  // ACL rules taken from the least-privilege user
+		warn   string // "": no warning
+		client string // a client of its own: the users share the key prefix
+	}{
+		{nil, "", "203.0.113.1"},
+		{[]any{"-setrange"}, "SETRANGE:", "203.0.113.2"},
+		{[]any{"-mget"}, "MGET:", "203.0.113.3"},
+		{[]any{"-setrange", "-mget"}, "SETRANGE or MGET:", "203.0.113.4"},
+	} {
+		t.Run(fmt.Sprint(c.remove...), func(t *testing.T) {
+			user := redistest.NewACLUser(t, srv, "refused")
+			if len(c.remove) > 0 {
+				if err := admin.Do(context.Background(), append([]any{"ACL", "SETUSER", user.Name}, c.remove...)...).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			a := startApp(t, map[string]string{"AUTHLIMIT_REDIS_URL": user.URL, "AUTHLIMIT_KEY_PREFIX": "setrange", "AUTHLIMIT_RULES": "name=r key=ip limit=10/1m"})
+			a := startApp(t, map[string]string{"AUTHLIMIT_REDIS_URL": user.URL, "AUTHLIMIT_KEY_PREFIX": "refused", "AUTHLIMIT_RULES": "name=r key=ip limit=10/1m"})
 			for i := 0; i < 2; i++ {
 				if r := a.do(t, authFrom(c.client)); r.status != 200 || r.headers["X-RateLimit-Remaining"] != strconv.Itoa(9-i) {
 					t.Fatalf("request %d: %d %v, want 200 with %d remaining", i+1, r.status, r.headers, 9-i)
 				}
 			}
-			warned := regexp.MustCompile(`level=WARN msg="the redis user may not run SETRANGE`).MatchString(a.logs.String())
-			if warned == granted {
-				t.Errorf("user granted +setrange: %v; warned: %v; logs:\n%s", granted, warned, a.logs.String())
+			warning := regexp.MustCompile(`level=WARN msg="the redis user may not run ([A-Za-z ]+:)`).FindStringSubmatch(a.logs.String())
+			got := ""
+			if warning != nil {
+				got = warning[1]
+			}
+			if got != c.warn {
+				t.Errorf("warned of %q, want %q; logs:\n%s", got, c.warn, a.logs.String())
 			}
 		})
 	}

@@ -15,7 +15,7 @@ import (
 // LimitedUserRules returns the rules, after ACL SETUSER <name>, of a
 // least-privilege user for authlimit whose keys all start with prefix+":":
 //
-//	ACL SETUSER authlimit reset on >PASSWORD ~PREFIX:* resetchannels -@all +ping +select +client|setname +eval +evalsha +script|load +get +set +setrange +del +exists +pexpire +zadd +zcard +zrange +zrank +zrem +zremrangebyrank +zscore +time
+//	ACL SETUSER authlimit reset on >PASSWORD ~PREFIX:* resetchannels -@all +ping +select +client|setname +eval +evalsha +script|load +get +mget +set +setrange +del +exists +pexpire +zadd +zcard +zrange +zrank +zrem +zremrangebyrank +zscore +time
 //
 // What each part is for, as found on Redis 7.0.15:
 //   - reset ... resetchannels -@all: start from nothing (reset alone also
@@ -39,7 +39,7 @@ import (
 //     falls back to EVAL; Script.Load sends SCRIPT LOAD. Nothing else of
 //     SCRIPT (no FLUSH, KILL or EXISTS).
 //   - the commands the scripts call: redis.call is checked against the
-//     same user, command by command, so each one must be granted: GET, SET
+//     same user, command by command, so each one must be granted: GET, MGET, SET
 //     (with PX), SETRANGE, DEL, EXISTS, PEXPIRE, ZADD, ZCARD, ZRANGE (BYSCORE, REV,
 //     LIMIT), ZRANK, ZREM, ZREMRANGEBYRANK, ZSCORE and TIME.
 //
@@ -48,7 +48,7 @@ func LimitedUserRules(password, prefix string, extraCommands ...string) []string
 	rules := []string{"reset", "on", ">" + password, "~" + prefix + ":*", "resetchannels", "-@all",
 		"+ping", "+select", "+client|setname", "+eval", "+evalsha", "+script|load",
 		// What the scripts call.
-		"+get", "+set", "+setrange", "+del", "+exists", "+pexpire",
+		"+get", "+mget", "+set", "+setrange", "+del", "+exists", "+pexpire",
 		"+zadd", "+zcard", "+zrange", "+zrank", "+zrem", "+zremrangebyrank", "+zscore",
 		"+time"}
 	for _, c := range extraCommands {

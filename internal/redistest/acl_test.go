@@ -18,6 +18,7 @@ redis.call('TIME')
 redis.call('SET', KEYS[1], 'x', 'PX', 60000)
 redis.call('SETRANGE', KEYS[1], '0', 'y')
 local v = redis.call('GET', KEYS[1])
+redis.call('MGET', KEYS[1], KEYS[2])
 redis.call('ZADD', KEYS[2], 1, 'a', 2, 'b', 3, 'c')
 redis.call('ZRANGE', KEYS[2], '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 2)
 redis.call('ZRANGE', KEYS[2], 0, -1)
@@ -34,7 +35,7 @@ return {v, n, e}
 
 func TestLimitedUserRulesLine(t *testing.T) {
 	// The line LimitedUserRules documents, which the README quotes.
-	const want = "reset on >PASSWORD ~PREFIX:* resetchannels -@all +ping +select +client|setname +eval +evalsha +script|load +get +set +setrange +del +exists +pexpire +zadd +zcard +zrange +zrank +zrem +zremrangebyrank +zscore +time"
+	const want = "reset on >PASSWORD ~PREFIX:* resetchannels -@all +ping +select +client|setname +eval +evalsha +script|load +get +mget +set +setrange +del +exists +pexpire +zadd +zcard +zrange +zrank +zrem +zremrangebyrank +zscore +time"
 	if got := strings.Join(LimitedUserRules("PASSWORD", "PREFIX"), " "); got != want {
 		t.Errorf("LimitedUserRules =\n%s\nwant (as documented)\n%s", got, want)
 	}
