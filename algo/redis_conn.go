@@ -101,6 +101,11 @@ type respConn struct {
 // the one it has was idle long enough to be checked and is closed.
 // now is the call's start.
 func (r *Redis) decideConn(ctx context.Context, w *worker, now time.Time, deadline time.Time) (*respConn, error) {
+	if !deadline.After(now) {
+		// Nothing to send in: and a connection checked with a passed
+		// deadline would look closed.
+		return nil, fmt.Errorf("before sending: %w", context.DeadlineExceeded)
+	}
 	if c := w.conn; c != nil {
 		if err := c.nc.SetDeadline(deadline); err == nil && (now.Sub(c.used) < idleCheck || c.alive()) {
 			c.used = now

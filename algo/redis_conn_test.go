@@ -299,3 +299,101 @@ func TestDecideConnTimeout(t *testing.T) {
 		t.Errorf("no connection was dialed after the timeout")
 	}
 }
+
+// TestDecideConnReadOnly: a Redis that became a replica (an old master
+// after a failover) answers READONLY; the connection is dropped, so that
+// the next decision dials afresh, and decisions succeed once the server
+// is a master again.
+func TestDecideConnReadOnly(t *testing.T) {
+	srv := redistest.New(t)
+	other := redistest.New(t)
+	if !srv.Owned || !other.Owned {
+		t.Skip("needs servers of its own")
+	}
+	rs, _, dials := directStore(t, srv, &redis.Options{PoolSize: 5}, RedisOptions{Conns: 1})
+	ctx := context.Background()
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := mustPolicy(t, Spec{Name: "ro", Algorithm: FixedWindow, Limit: 1 << 40, Window: time.Hour})
+	reqs := []Request{{Policy: p, Key: []byte("k")}}
+	res := make([]Result, 1)
+	if _, err := rs.Decide(ctx, reqs, res); err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	host, port, _ := net.SplitHostPort(other.Addr)
+	if err := admin.Do(ctx, "REPLICAOF", host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(context.Background(), "REPLICAOF", "NO", "ONE").Err() })
+	deadline := time.Now().Add(10 * time.Second)
+	var err error
+	for {
+		_, err = rs.Decide(ctx, reqs, res)
+		if err != nil && strings.Contains(err.Error(), "READONLY") || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err == nil || !strings.Contains(err.Error(), "READONLY") {
+		t.Fatalf("Decide on a replica = %v, want READONLY", err)
+	}
+	w := <-rs.slots
+	dropped := w.conn == nil
+	rs.slots <- w
+	if !dropped {
+		t.Errorf("the connection that answered READONLY is kept, want it dropped")
+	}
+	if err := admin.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	dialed := dials.Load()
+	if _, err := rs.Decide(ctx, reqs, res); err != nil {
+		t.Errorf("Decide on a master again = %v", err)
+	}
+	if dials.Load() == dialed {
+		t.Errorf("no connection was dialed after READONLY")
+	}
+}
+
+// TestDecideConnSentinelFailover: with Sentinel, the decide connections go
+// to the master Sentinel names, and after a failover to the new one.
+func TestDecideConnSentinelFailover(t *testing.T) {
+	s := redistest.NewSentinelTopology(t)
+	client := s.Client(t, func(o *redis.FailoverOptions) { o.MaxRetries, o.ContextTimeoutEnabled = -1, true })
+	rs := NewRedis(client, RedisOptions{Prefix: s.Prefix(t), Timeout: time.Second, Conns: 2})
+	t.Cleanup(func() { _ = rs.Close() })
+	if rs.direct == nil {
+		t.Fatal("a Sentinel client made no decide connections")
+	}
+	ctx := context.Background()
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := mustPolicy(t, Spec{Name: "failover", Algorithm: FixedWindow, Limit: 1 << 40, Window: time.Hour})
+	reqs := []Request{{Policy: p, Key: []byte("k")}}
+	res := make([]Result, 1)
+	if _, err := rs.Decide(ctx, reqs, res); err != nil {
+		t.Fatal(err)
+	}
+	s.KillMaster(t)
+	elected, _ := s.WaitFailover(t, 30*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := rs.Decide(ctx, reqs, res)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no decision within 30s of the failover: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	list, err := elected.Client(t).ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(list, "cmd=evalsha") {
+		t.Errorf("the new master %s ran no EVALSHA:\n%s", elected.Addr, list)
+	}
+}
