@@ -120,7 +120,7 @@ func (r *Redis) decideConn(ctx context.Context, w *worker, now time.Time, deadli
 	}
 	c, err := r.direct.dial(ctx, deadline)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+		return nil, err
 	}
 	c.used = now
 	w.conn = c
@@ -172,8 +172,27 @@ func (w *worker) dropConn() {
 // round trip (a PING if there is nothing else to say, so that a TLS
 // server's session tickets are read before the connection is first left
 // idle, and the server has answered once). Everything, dial included,
-// within the deadline.
+// within the deadline. Its errors wrap ErrUnreachable, as no decision was
+// sent, but for a handshake that outlasts the deadline: that is a Redis
+// that accepts connections and answers no command in the budget (stalled
+// or paused), and it counts as a decision that timed out on the wire, as
+// with go-redis, which logs in the same way.
 func (wr *decideDialer) dial(ctx context.Context, deadline time.Time) (*respConn, error) {
+	c, err := wr.open(ctx, deadline)
+	if err == nil {
+		return c, nil
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, errDial) {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+}
+
+// errDial marks a failed dial.
+var errDial = errors.New("dial")
+
+func (wr *decideDialer) open(ctx context.Context, deadline time.Time) (*respConn, error) {
 	o := wr.opts
 	user, pass := o.Username, o.Password
 	switch {
@@ -187,7 +206,7 @@ func (wr *decideDialer) dial(ctx context.Context, deadline time.Time) (*respConn
 	}
 	nc, err := o.Dialer(ctx, o.Network, o.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial: %w", err)
+		return nil, fmt.Errorf("%w: %w", errDial, err)
 	}
 	c := &respConn{nc: nc, sc: socket(nc), in: make([]byte, 0, 512)}
 	var names []string
