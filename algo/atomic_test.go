@@ -225,9 +225,9 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
 }
 
-// TestOneRoundTrip proves from both ends that a decision is one command,
-// whatever the number of rules: the client sends one, and Redis counts one
-// EVALSHA per decision and no other command from a client.
+// TestOneRoundTrip proves that a decision is one command, whatever the
+// number of rules: Redis counts one EVALSHA per decision, and the store
+// sends nothing through go-redis.
 func TestOneRoundTrip(t *testing.T) {
 	rs, client, srv := newRedisStore(t, nil)
 	ctx := context.Background()
@@ -263,8 +263,10 @@ func TestOneRoundTrip(t *testing.T) {
 			}
 		}
 		sha1, eval1 := stats()
-		if got := hook.n.Load(); got != decisions {
-			t.Errorf("%d rules: client sent %d commands for %d decisions, want %d", n, got, decisions, decisions)
+		// Decisions go on the store's own connections, not through
+		// go-redis (see TestLoneDecisionIsOneWriteAndOneRead).
+		if got := hook.n.Load(); got != 0 {
+			t.Errorf("%d rules: client sent %d commands through go-redis for %d decisions, want none", n, got, decisions)
 		}
 		if got := sha1 - sha0; got != decisions {
 			t.Errorf("%d rules: Redis counted %d EVALSHA for %d decisions, want %d", n, got, decisions, decisions)

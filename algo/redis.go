@@ -44,6 +44,7 @@ import (
 type Redis struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // nil unless client is one
+	direct  *decideDialer        // the decide connections' maker; nil: go-redis's pool carries decisions
 	prefix  string
 	timeout time.Duration
 	conns   int
@@ -95,10 +96,14 @@ type RedisOptions struct {
 	// it returns an error wrapping context.DeadlineExceeded, however far
 	// the batch it rides in has got. Zero leaves only ctx's deadline.
 	Timeout time.Duration
-	// Conns is how many batches may be on the wire at once, each holding
-	// one pooled connection while it is out. The client's pool should hold
-	// at least Conns + 4 connections per node (refunds in a cluster take
-	// up to 3, pings the rest). Default DefaultRedisConns.
+	// Conns is how many batches may be on the wire at once, each on a
+	// connection of its own. On a standalone or Sentinel client
+	// (*redis.Client) the store dials those connections itself, with the
+	// client's dialer, credentials, database and name, and keeps them;
+	// the client's pool serves Warm, Ping and probes. On a cluster each
+	// batch holds pooled connections while it is out: the client's pool
+	// should hold at least Conns + 4 connections per node (refunds take up
+	// to 3, pings the rest). Default DefaultRedisConns.
 	Conns int
 	// MaxBatch bounds the requests of one script call. Default 128.
 	MaxBatch int
@@ -151,6 +156,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 	}
 	r.decideSHAArg, r.decideSrcArg, r.decided = r.decideSHA, scripts.Decide, r.settleSlot
 	r.cluster, _ = client.(*redis.ClusterClient)
+	r.direct = newDecideDialer(client, r.decideSHA, scripts.Decide)
 	r.probe, _ = NewPolicy(Spec{Name: "authlimit-probe", Algorithm: FixedWindow, Limit: 1, Window: time.Second})
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
@@ -221,6 +227,9 @@ func (r *Redis) Warm(ctx context.Context) error {
 		if err := r.fillPool(ctx, c); err != nil {
 			return err
 		}
+		if err := r.openDecideConns(ctx); err != nil {
+			return err
+		}
 	}
 	return r.probeDecision(ctx)
 }
@@ -286,18 +295,29 @@ func (r *Redis) Ping(ctx context.Context) error {
 }
 
 // Close stops the relay; decisions still queued fail with ErrClosed. It
-// does not close the client. It is safe to call more than once.
+// closes the decide connections, once the batches on them are back, and
+// not the client. It is safe to call more than once.
 func (r *Redis) Close() error {
 	r.closed.Do(func() { close(r.stop) })
 	r.wg.Wait()
-	for {
+	for done := false; !done; {
 		select {
 		case c := <-r.queue:
 			r.complete(c, errClosed)
 		default:
-			return nil
+			done = true
 		}
 	}
+	ws := make([]*worker, 0, r.conns)
+	for range r.conns {
+		w := <-r.slots
+		w.dropConn() // and none is dialed again: the store is stopped
+		ws = append(ws, w)
+	}
+	for _, w := range ws {
+		r.slots <- w
+	}
+	return nil
 }
 
 // paramsKey is what a policy sends the scripts (see appendParams), with

@@ -215,6 +215,7 @@ type worker struct {
 	place    []uint16 // per policy id: its place in that batch's table
 	gen      uint32
 	cluster  clusterWork
+	conn     *respConn // its decide connection (see Redis.direct)
 	// The outcomes of the batch's asynchronous calls, told once the
 	// connection is free again (see free).
 	told []told
@@ -384,7 +385,12 @@ func (r *Redis) run(w *worker, due time.Time) {
 		w.parts = append(w.parts, &c.parts[0])
 	}
 	w.blob = r.appendBatch(w.blob[:0], w, 0)
-	err := r.evalRaw(ctx, w)
+	var err error
+	if r.direct != nil {
+		err = r.evalWire(w, deadline)
+	} else {
+		err = r.evalRaw(ctx, w)
+	}
 	if err == nil {
 		err = r.parseReply(w.body, w.parts, false)
 	}
@@ -436,6 +442,9 @@ var ErrUnreachable = errors.New("redis unreachable")
 func classify(err error) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, ErrUnreachable) {
+		return fmt.Errorf("redis decide: %w", err)
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) || notExecuted(err) {

@@ -26,6 +26,7 @@ func usePreviousScript(t *testing.T, rs *Redis) {
 	}
 	rs.decideSHA = digest(string(src))
 	rs.decideSHAArg, rs.decideSrcArg = rs.decideSHA, string(src)
+	rs.direct = newDecideDialer(rs.client, rs.decideSHA, string(src))
 	rs.general = true
 }
 

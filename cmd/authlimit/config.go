@@ -352,6 +352,10 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	return s, nil
 }
 
+// redisSpareConns is how many connections per node serve probes, pings
+// and refunds, besides those that carry decisions.
+const redisSpareConns = 4
+
 // redisSettings turns the REDIS_* variables into client options, or nil for
 // the embedded memory store. Standalone mode also gets plain client options,
 // which keep a unix:// URL's network.
@@ -386,8 +390,10 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	// serve probes, pings and refunds. Those that carry decisions are
 	// opened at start and kept, so that a burst never waits for a dial;
 	// the pool dials nothing in the background (no minimum of idle
-	// connections), so nothing dials during a burst.
-	base.PoolSize = c.RedisPoolSize + 4
+	// connections), so nothing dials during a burst. In a cluster they are
+	// the pool's; a standalone or Sentinel store opens its own (see
+	// algo.RedisOptions.Conns), and its pool keeps only the few.
+	base.PoolSize = c.RedisPoolSize + redisSpareConns
 	base.ConnMaxIdleTime = -1
 	base.ClientName = "authlimit"
 	// RESP2: authlimit needs no push messages, and go-redis looks for them
@@ -423,6 +429,7 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		if c.RedisMaster != "" {
 			problem("REDIS_MASTER", errors.New("only for sentinel mode"))
 		}
+		base.PoolSize, o.PoolSize = redisSpareConns, redisSpareConns
 		return o, base, "redis standalone " + display
 	case "cluster":
 		if c.RedisMaster != "" {
@@ -443,6 +450,7 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		if base.Network == "unix" {
 			problem("REDIS_URL", errors.New("sentinel mode needs redis:// or rediss:// sentinel addresses"))
 		}
+		o.PoolSize = redisSpareConns
 		o.MasterName = c.RedisMaster
 		o.SentinelUsername = c.RedisSentinelUsername
 		o.SentinelPassword = c.RedisSentinelPassword
