@@ -103,13 +103,12 @@ func (r *redisServer) commandStats(ctx context.Context) (map[string]cmdStat, err
 }
 
 // commandUsec is the microseconds Redis spent on the commands clients sent
-// between two INFO commandstats samples. Redis also counts the commands a
-// script calls, inside the script's own time: when scripts ran, only the
-// script commands are summed, so nothing counts twice. INFO, the harness's
-// own, is left out.
-func commandUsec(before, after map[string]cmdStat) uint64 {
+// between two INFO commandstats samples, and the calls of scripts among
+// them. Redis also counts the commands a script calls, inside the script's
+// own time: when scripts ran, only the script commands are summed, so
+// nothing counts twice. INFO, the harness's own, is left out.
+func commandUsec(before, after map[string]cmdStat) (usec, scripts uint64) {
 	delta := map[string]cmdStat{}
-	scripts := false
 	for name, a := range after {
 		b := before[name]
 		d := cmdStat{calls: a.calls - b.calls, usec: a.usec - b.usec}
@@ -118,16 +117,15 @@ func commandUsec(before, after map[string]cmdStat) uint64 {
 		}
 		delta[name] = d
 		if isScriptCommand(name) {
-			scripts = true
+			scripts += d.calls
 		}
 	}
-	var usec uint64
 	for name, d := range delta {
-		if !scripts || isScriptCommand(name) {
+		if scripts == 0 || isScriptCommand(name) {
 			usec += d.usec
 		}
 	}
-	return usec
+	return usec, scripts
 }
 
 // isScriptCommand reports whether a command runs a script or function.

@@ -35,6 +35,7 @@ type summary struct {
 	allowed, denied             float64
 	proxyUs                     float64 // per decision
 	serverUs, redisCPUUs, cmdUs float64 // per decision
+	perScript                   float64 // decisions per script call; 0: no script ran
 	hasProxy, hasServer         bool
 	hasRedis                    bool
 	authlimit                   bool
@@ -45,7 +46,7 @@ type summary struct {
 // summarize reduces one system's runs under one workload.
 func summarize(runs []*runResult) *summary {
 	s := &summary{runs: len(runs)}
-	var rate, p50, p99, p999, allowed, denied, proxy, server, rcpu, cmd []float64
+	var rate, p50, p99, p999, allowed, denied, proxy, server, rcpu, cmd, batch []float64
 	for _, r := range runs {
 		l := r.load
 		d := float64(l.decisions())
@@ -59,6 +60,9 @@ func summarize(runs []*runResult) *summary {
 		server = append(server, perDecision(float64(r.serverCPU.Microseconds()), d))
 		rcpu = append(rcpu, perDecision(float64(r.redisCPU.Microseconds()), d))
 		cmd = append(cmd, perDecision(float64(r.redisUsec), d))
+		if r.redisScripts > 0 {
+			batch = append(batch, d/float64(r.redisScripts))
+		}
 		s.errors += l.errors()
 		if detail := l.errorDetail(); detail != "" {
 			s.errorDetail = append(s.errorDetail, detail)
@@ -73,6 +77,9 @@ func summarize(runs []*runResult) *summary {
 	s.rate, s.allowed, s.denied = median(rate), median(allowed), median(denied)
 	s.p50, s.p99, s.p999 = time.Duration(median(p50)), time.Duration(median(p99)), time.Duration(median(p999))
 	s.proxyUs, s.serverUs, s.redisCPUUs, s.cmdUs = median(proxy), median(server), median(rcpu), median(cmd)
+	if len(batch) > 0 {
+		s.perScript = median(batch)
+	}
 	return s
 }
 
@@ -230,8 +237,8 @@ func (r *report) renderWorkload(p func(string, ...any), w workload) {
 		what = "one client far over its limit"
 	}
 	p("## `%s` workload (%s), %d connections\n\n", w.name, what, w.conns)
-	p("| system | decisions/s | × null | p50 | p99 | p99.9 | errors | 200s | denials | proxy CPU µs/decision | server CPU µs/decision | Redis CPU µs/decision (/proc) | Redis µs/decision (commandstats) |\n")
-	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	p("| system | decisions/s | × null | p50 | p99 | p99.9 | errors | 200s | denials | proxy CPU µs/decision | server CPU µs/decision | Redis CPU µs/decision (/proc) | Redis µs/decision (commandstats) | decisions per Redis script call |\n")
+	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	null := r.summaryOf(w, "null")
 	var warnings []string
 	for _, sys := range r.systems {
@@ -256,7 +263,7 @@ func (r *report) renderWorkload(p func(string, ...any), w workload) {
 		if null != nil && null.rate > 0 {
 			ratio = fmt.Sprintf("%.2f", s.rate/null.rate)
 		}
-		proxyCPU, serverCPU, redisCPU, cmd := "—", "—", "—", "—"
+		proxyCPU, serverCPU, redisCPU, cmd, batch := "—", "—", "—", "—", "—"
 		if s.hasProxy {
 			proxyCPU = fmt.Sprintf("%.1f", s.proxyUs)
 		}
@@ -266,9 +273,12 @@ func (r *report) renderWorkload(p func(string, ...any), w workload) {
 		if s.hasRedis {
 			redisCPU, cmd = fmt.Sprintf("%.1f", s.redisCPUUs), fmt.Sprintf("%.1f", s.cmdUs)
 		}
-		p("| %s | %.0f | %s | %s | %s | %s | %d | %.0f | %.0f | %s | %s | %s | %s |\n",
+		if s.perScript > 0 {
+			batch = fmt.Sprintf("%.1f", s.perScript)
+		}
+		p("| %s | %.0f | %s | %s | %s | %s | %d | %.0f | %.0f | %s | %s | %s | %s | %s |\n",
 			name, s.rate, ratio, fmtDuration(s.p50), fmtDuration(s.p99), fmtDuration(s.p999),
-			s.errors, s.allowed, s.denied, proxyCPU, serverCPU, redisCPU, cmd)
+			s.errors, s.allowed, s.denied, proxyCPU, serverCPU, redisCPU, cmd, batch)
 	}
 	p("\n")
 	for _, w := range warnings {
@@ -293,6 +303,7 @@ const (
 	p50Of                     // p50 latency
 	p99Of                     // p99 latency
 	redisCmdOf                // Redis µs/decision by commandstats
+	redisCPUOf                // Redis's CPU µs/decision (its processes, from /proc)
 	proxyCPUOf                // the proxy's CPU µs/decision
 )
 
@@ -305,6 +316,8 @@ func (m measure) value(s *summary) (float64, bool) {
 		return float64(s.p99), s.p99 > 0
 	case redisCmdOf:
 		return s.cmdUs, s.hasRedis && s.cmdUs > 0
+	case redisCPUOf:
+		return s.redisCPUUs, s.hasRedis && s.redisCPUUs > 0
 	case proxyCPUOf:
 		return s.proxyUs, s.hasProxy && s.proxyUs > 0
 	default:
@@ -320,6 +333,8 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "authlimit-redis-1 / redis-floor", num: "authlimit-redis-1", den: "redis-floor"},
 		{label: "naive-raw / naive (no limiter with one atomic Redis call per decision leads naive by more)", num: "naive-raw", den: "naive"},
 		{label: "authlimit-redis-1 / naive-raw", num: "authlimit-redis-1", den: "naive-raw"},
+		{label: "naive-clock / naive (no limiter that answers from Redis's clock, one atomic Redis call per decision, leads naive by more)", num: "naive-clock", den: "naive"},
+		{label: "authlimit-redis-1 / naive-clock", num: "authlimit-redis-1", den: "naive-clock"},
 		{label: "authlimit-redis-3 / authlimit-redis-1", num: "authlimit-redis-3", den: "authlimit-redis-1"},
 		{label: "authlimit-memory / null", num: "authlimit-memory", den: "null"},
 		{label: "authlimit hot / null (authlimit-redis-1)", num: "authlimit-redis-1", den: "null", applies: func(w workload) bool { return w.name == "hot" }},
@@ -342,14 +357,19 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "authlimit-redis-1 p50 / naive p50", num: "authlimit-redis-1", den: "naive", of: p50Of},
 		{label: "redis-floor p50 / naive p50", num: "redis-floor", den: "naive", of: p50Of},
 		{label: "naive-raw p50 / naive p50", num: "naive-raw", den: "naive", of: p50Of},
+		{label: "naive-clock p50 / naive p50", num: "naive-clock", den: "naive", of: p50Of},
 		{label: "Redis µs/decision: authlimit-redis-1 / naive", num: "authlimit-redis-1", den: "naive", of: redisCmdOf},
 		{label: "Redis µs/decision: authlimit-redis-fw / naive", num: "authlimit-redis-fw", den: "naive", of: redisCmdOf},
+		{label: "Redis µs/decision: naive-clock / naive", num: "naive-clock", den: "naive", of: redisCmdOf},
+		{label: "Redis µs/decision: authlimit-redis-1 / naive-clock", num: "authlimit-redis-1", den: "naive-clock", of: redisCmdOf},
+		{label: "Redis CPU µs/decision: authlimit-redis-1 / naive", num: "authlimit-redis-1", den: "naive", of: redisCPUOf},
+		{label: "Redis CPU µs/decision: naive-clock / naive", num: "naive-clock", den: "naive", of: redisCPUOf},
 		{label: "Redis µs/decision: authlimit-redis-3 / authlimit-redis-1", num: "authlimit-redis-3", den: "authlimit-redis-1", of: redisCmdOf},
 		{label: "Redis µs/decision: nginx-authlimit-redis / nginx-lua-redis", num: "nginx-authlimit-redis", den: "nginx-lua-redis", of: redisCmdOf},
 	}
 	rows = append(rows, grpcRatioRows()...)
 	ws := r.workloads()
-	p("## Summary\n\nRatios of decisions/s, or of the figure the row names (p50, p99, Redis µs per decision by commandstats, proxy CPU µs per decision), medians of the rounds. ")
+	p("## Summary\n\nRatios of decisions/s, or of the figure the row names (p50, p99, Redis µs per decision by commandstats, Redis CPU µs per decision, proxy CPU µs per decision), medians of the rounds. ")
 	p("⚠ marks a ratio with a system that had errors, or an authlimit that decided without its store (see the workload's table).\n\n| ratio |")
 	for _, w := range ws {
 		p(" %s |", w)

@@ -57,11 +57,15 @@ func rowOf(t *testing.T, out, first string) []string {
 
 func TestWorkloadCPUColumns(t *testing.T) {
 	names := []string{"naive", "nginx-lua-redis", "nginx-naive-redis"}
-	r, w := testReport(t, names, map[string]*runResult{
+	runs := map[string]*runResult{
 		"naive":             fakeRun(0, 5*time.Millisecond, true),
 		"nginx-lua-redis":   fakeRun(2*time.Millisecond, 0, true),
 		"nginx-naive-redis": fakeRun(30*time.Millisecond, 7*time.Millisecond, true),
-	})
+	}
+	// 1000 decisions in 400 script calls; nginx-lua-redis calls no script.
+	runs["naive"].redisScripts = 400
+	runs["nginx-naive-redis"].redisScripts = 1000
+	r, w := testReport(t, names, runs)
 	var b strings.Builder
 	r.renderWorkload(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }, w)
 	out := b.String()
@@ -79,12 +83,13 @@ func TestWorkloadCPUColumns(t *testing.T) {
 	if server != proxy+1 {
 		t.Errorf("server CPU is column %d, want right after proxy CPU (%d)", server, proxy)
 	}
+	perScript := col("decisions per Redis script call")
 	tests := []struct {
-		system, proxy, server string
+		system, proxy, server, perScript string
 	}{
-		{"naive", "—", "5.0"},
-		{"nginx-lua-redis", "2.0", "—"},
-		{"nginx-naive-redis", "30.0", "7.0"},
+		{"naive", "—", "5.0", "2.5"},
+		{"nginx-lua-redis", "2.0", "—", "—"},
+		{"nginx-naive-redis", "30.0", "7.0", "1.0"},
 	}
 	for _, tt := range tests {
 		row := rowOf(t, out, "`"+tt.system+"`")
@@ -97,13 +102,17 @@ func TestWorkloadCPUColumns(t *testing.T) {
 		if got := row[server]; got != tt.server {
 			t.Errorf("%s server CPU = %s, want %s", tt.system, got, tt.server)
 		}
+		if got := row[perScript]; got != tt.perScript {
+			t.Errorf("%s decisions per script call = %s, want %s", tt.system, got, tt.perScript)
+		}
 	}
 }
 
 func TestSummaryCeilingRows(t *testing.T) {
-	names := []string{"naive", "redis-floor", "authlimit-redis-1", "nginx-lua-redis", "openresty-auth-null", "openresty-naive-redis", "openresty-authlimit-redis"}
+	names := []string{"naive", "naive-clock", "redis-floor", "authlimit-redis-1", "nginx-lua-redis", "openresty-auth-null", "openresty-naive-redis", "openresty-authlimit-redis"}
 	runs := map[string]*runResult{
 		"naive":                     fakeRun(0, 5*time.Millisecond, true),
+		"naive-clock":               fakeRun(0, 5*time.Millisecond, true),
 		"redis-floor":               fakeRun(0, 3*time.Millisecond, true),
 		"authlimit-redis-1":         fakeRun(0, 4*time.Millisecond, true),
 		"nginx-lua-redis":           fakeRun(20*time.Millisecond, 0, true),
@@ -115,6 +124,11 @@ func TestSummaryCeilingRows(t *testing.T) {
 	runs["naive"].load.allowed = 2000
 	runs["redis-floor"].load.allowed = 3000
 	runs["authlimit-redis-1"].load.allowed = 1500
+	runs["naive-clock"].load.allowed = 1800
+	// Redis: CPU and commandstats µs over the second, per decision.
+	runs["naive"].redisCPU, runs["naive"].redisUsec = 40*time.Millisecond, 8000
+	runs["naive-clock"].redisCPU, runs["naive-clock"].redisUsec = 54*time.Millisecond, 27000
+	runs["authlimit-redis-1"].redisCPU, runs["authlimit-redis-1"].redisUsec = 45*time.Millisecond, 22500
 	var b strings.Builder
 	r.renderSummary(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) })
 	out := b.String()
@@ -124,6 +138,14 @@ func TestSummaryCeilingRows(t *testing.T) {
 		{"redis-floor / naive (no limiter with one Redis round trip per decision leads naive by more)", "1.50"},
 		{"authlimit-redis-1 / redis-floor", "0.50"},
 		{"redis-floor p50 / naive p50", "1.00"},
+		{"naive-clock / naive (no limiter that answers from Redis's clock, one atomic Redis call per decision, leads naive by more)", "0.90"},
+		{"authlimit-redis-1 / naive-clock", "0.83"},
+		// Per decision: naive 4µs (commandstats) and 20µs (CPU);
+		// naive-clock 15µs and 30µs; authlimit 15µs and 30µs.
+		{"Redis µs/decision: naive-clock / naive", "3.75"},
+		{"Redis µs/decision: authlimit-redis-1 / naive-clock", "1.00"},
+		{"Redis CPU µs/decision: authlimit-redis-1 / naive", "1.50"},
+		{"Redis CPU µs/decision: naive-clock / naive", "1.50"},
 		// Per decision: 30ms/1000 over 20ms/1000.
 		{"proxy CPU µs/decision: openresty-authlimit-redis / nginx-lua-redis", "1.50"},
 		{"proxy CPU µs/decision: openresty-auth-null / nginx-lua-redis", "1.25"},

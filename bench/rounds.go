@@ -23,15 +23,16 @@ func (w workload) String() string { return fmt.Sprintf("%s c=%d", w.name, w.conn
 
 // runResult is one measured run of one system under one workload.
 type runResult struct {
-	load      *loadResult
-	proxyCPU  time.Duration // CPU of the system's proxy processes in the window
-	serverCPU time.Duration // CPU of the system's server processes in the window
-	redisCPU  time.Duration // CPU of redis-server in the window
-	redisUsec uint64        // microseconds Redis's commandstats counted in the window
-	hasProxy  bool          // the system has proxy processes
-	hasServer bool          // the system has server processes
-	hasRedis  bool
-	health    *authlimitHealth // authlimit systems only
+	load         *loadResult
+	proxyCPU     time.Duration // CPU of the system's proxy processes in the window
+	serverCPU    time.Duration // CPU of the system's server processes in the window
+	redisCPU     time.Duration // CPU of redis-server in the window
+	redisUsec    uint64        // microseconds Redis's commandstats counted in the window
+	redisScripts uint64        // script calls (EVAL, EVALSHA, FCALL) commandstats counted in the window
+	hasProxy     bool          // the system has proxy processes
+	hasServer    bool          // the system has server processes
+	hasRedis     bool
+	health       *authlimitHealth // authlimit systems only
 }
 
 // rounds runs every system under every workload o.rounds times and returns
@@ -152,7 +153,7 @@ func runOnce(ctx context.Context, o *options, s system, w workload, reqs [][]byt
 			if err != nil {
 				return err
 			}
-			res.redisUsec = commandUsec(cs0, cs1)
+			res.redisUsec, res.redisScripts = commandUsec(cs0, cs1)
 		}
 		return nil
 	}

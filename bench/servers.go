@@ -29,6 +29,20 @@ const naiveScript = `local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return n`
 
+// clockScript is naiveScript on Redis's clock: it reads TIME and counts in
+// a key per window index, windows aligned to the clock as authlimit's
+// are, so that it knows when its window resets, and replicas with skewed
+// clocks agree. It is the least a limiter does that answers from Redis's
+// clock (authlimit reads TIME for every algorithm): one INCR, one TIME.
+// KEYS[1] the client's key; ARGV[1] the window in milliseconds; reply: the
+// count.
+const clockScript = `local t = redis.call('TIME')
+local w = math.floor((t[1] * 1000 + math.floor(t[2] / 1000)) / ARGV[1])
+local k = KEYS[1] .. ':' .. w
+local n = redis.call('INCR', k)
+if n == 1 then redis.call('PEXPIRE', k, ARGV[1]) end
+return n`
+
 // serveNull answers every request 200 with an empty body.
 func serveNull(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve-null", flag.ContinueOnError)
@@ -45,7 +59,8 @@ func serveNull(ctx context.Context, args []string, stderr io.Writer) error {
 // behind nginx's auth_request, which passes no other denial on). With
 // -client raw the EVALSHA is written and its reply read on redis-floor's
 // pooled connections instead of through go-redis: the least a limiter
-// with one atomic Redis call per decision costs.
+// with one atomic Redis call per decision costs. With -clock it runs
+// clockScript instead of naiveScript.
 func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve-naive", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -55,6 +70,7 @@ func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	window := fs.Duration("window", time.Minute, "window")
 	denyStatus := fs.Int("deny-status", fasthttp.StatusTooManyRequests, "status of a denial, 400-499")
 	clientKind := fs.String("client", "go-redis", "Redis client: go-redis, or raw (RESP on pooled connections of its own)")
+	clock := fs.Bool("clock", false, "read Redis TIME and count in a key per window index (windows aligned to Redis's clock)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -74,12 +90,16 @@ func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("serve-naive: %w", err)
 	}
+	src := naiveScript
+	if *clock {
+		src = clockScript
+	}
 	if *clientKind == "raw" {
-		return serveNaiveRaw(ctx, *listen, *addr, *limit, window.Milliseconds(), *denyStatus)
+		return serveNaiveRaw(ctx, *listen, *addr, src, *limit, window.Milliseconds(), *denyStatus)
 	}
 	client := redis.NewClient(&redis.Options{Addr: *addr})
 	defer client.Close()
-	script := redis.NewScript(naiveScript)
+	script := redis.NewScript(src)
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err := script.Load(lctx, client).Err()
 	cancel()
@@ -104,16 +124,16 @@ func serveNaive(ctx context.Context, args []string, stderr io.Writer) error {
 	})
 }
 
-// serveNaiveRaw is serveNaive over rawPool: the naive script is loaded
+// serveNaiveRaw is serveNaive over rawPool: the script src is loaded
 // once, then each request writes one EVALSHA and reads its integer reply.
-func serveNaiveRaw(ctx context.Context, listen, addr string, limit, windowMS int64, denyStatus int) error {
+func serveNaiveRaw(ctx context.Context, listen, addr, src string, limit, windowMS int64, denyStatus int) error {
 	pool := &pingPool{addr: addr, timeout: time.Second}
 	defer pool.close()
 	c, err := pool.get()
 	if err != nil {
 		return fmt.Errorf("serve-naive: %w", err)
 	}
-	line, err := c.do(pool.timeout, respCommand(nil, "SCRIPT", "LOAD", naiveScript))
+	line, err := c.do(pool.timeout, respCommand(nil, "SCRIPT", "LOAD", src))
 	if err != nil || len(line) < 2 || line[0] != '$' {
 		_ = c.conn.Close()
 		return fmt.Errorf("serve-naive: load naive script: reply %q, %v", line, err)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -255,6 +256,65 @@ func TestNaiveRaw(t *testing.T) {
 	}
 	if n := infoCounter(t, r, "commandstats", "cmdstat_evalsha") - before; n != 5 {
 		t.Errorf("EVALSHA calls grew by %d for 5 requests, want 5", n)
+	}
+}
+
+// TestNaiveClock: with -clock, naive counts in a key per window index of
+// Redis's clock, which expires with its window, through either client.
+func TestNaiveClock(t *testing.T) {
+	for _, kind := range []string{"raw", "go-redis"} {
+		t.Run(kind, func(t *testing.T) {
+			srv := startRedisServer(t)
+			rc := srv.Client(t)
+			addr := serveInTest(t, "serve-naive", serveNaive, "-redis", srv.Addr, "-limit", "2", "-window", "1h", "-client", kind, "-clock")
+			client := &http.Client{Timeout: 2 * time.Second}
+			get := func(from string) int {
+				req, err := http.NewRequest("GET", "http://"+addr+"/auth", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("X-Forwarded-For", from)
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			ctx := context.Background()
+			before, err := rc.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := []int{get("198.18.0.1"), get("198.18.0.1"), get("198.18.0.1"), get("198.18.0.2")}
+			after, err := rc.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []int{200, 200, 429, 200}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("statuses %v, want %v", got, want)
+			}
+			keys, err := rc.Keys(ctx, "naive:198.18.0.1*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			hour := time.Hour.Milliseconds()
+			var want []string
+			for _, at := range []time.Time{before, after} {
+				if k := fmt.Sprintf("naive:198.18.0.1:%d", at.UnixMilli()/hour); !slices.Contains(want, k) {
+					want = append(want, k)
+				}
+			}
+			if len(keys) != 1 || !slices.Contains(want, keys[0]) {
+				t.Fatalf("keys %q, want one of %q", keys, want)
+			}
+			if n, err := rc.Get(ctx, keys[0]).Int(); err != nil || n != 3 {
+				t.Errorf("%s = %d, %v; want 3", keys[0], n, err)
+			}
+			if ttl, err := rc.PTTL(ctx, keys[0]).Result(); err != nil || ttl <= 0 || ttl > time.Hour {
+				t.Errorf("%s expires in %v, %v; want within the window", keys[0], ttl, err)
+			}
+		})
 	}
 }
 

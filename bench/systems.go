@@ -19,7 +19,7 @@ const luaModule = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 // systemNames lists every system in the order of the results tables.
 func systemNames() []string {
 	return []string{
-		"null", "naive", "naive-raw", "redis-floor", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-fw", "authlimit-redis-3", "authlimit-cluster-1",
+		"null", "naive", "naive-raw", "naive-clock", "redis-floor", "authlimit-memory", "authlimit-redis-1", "authlimit-redis-fw", "authlimit-redis-3", "authlimit-cluster-1",
 		"nginx", "nginx-limit_req", "nginx-lua-redis", "nginx-auth-null", "nginx-naive-redis", "nginx-authlimit-redis",
 		"haproxy", "haproxy-authlimit-redis",
 		"openresty-auth-null", "openresty-naive-redis", "openresty-authlimit-redis",
@@ -122,6 +122,7 @@ func catalogue() []system {
 		{name: "null", about: "fasthttp answering 200 with an empty body (`bench serve-null`)", path: "/auth", start: startNull},
 		{name: "naive", about: "fasthttp + go-redis, one EVALSHA (INCR, PEXPIRE on the first hit) per request keyed by X-Forwarded-For (`bench serve-naive`)", usesRedis: true, path: "/auth", start: startNaive},
 		{name: "naive-raw", about: "naive's EVALSHA written and read on redis-floor's pooled connections, no go-redis (`bench serve-naive -client raw`): the least a limiter with one atomic Redis call per decision costs", usesRedis: true, path: "/auth", start: startNaiveRaw},
+		{name: "naive-clock", about: "naive-raw on Redis's clock: its script also reads Redis `TIME` and counts in a key per window index, windows aligned to the clock as authlimit's are (`bench serve-naive -client raw -clock`): the least a limiter that answers from Redis's clock costs, one `INCR` and one `TIME` in one atomic call per decision, no go-redis", usesRedis: true, path: "/auth", start: startNaiveClock},
 		{name: "redis-floor", about: "fasthttp + one Redis round trip per request that limits nothing: a raw RESP `PING` written and read on a pooled connection of the request's own (no go-redis, no pipelining across requests), then 200 (`bench serve-redis-floor`): the floor of any handler making one Redis round trip per decision", usesRedis: true, path: "/auth", start: startRedisFloor},
 		{name: "authlimit-memory", about: "authlimit, embedded memory store, 1 rule", path: "/auth", start: authlimitSystem(false)},
 		{name: "authlimit-redis-1", about: "authlimit on Redis, 1 rule (sliding_window_counter)", usesRedis: true, path: "/auth", start: authlimitSystem(false)},
@@ -214,18 +215,26 @@ func startNaiveRaw(ctx context.Context, e *runEnv) (*instance, error) {
 	return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}, denyStatus: 429}, nil
 }
 
+func startNaiveClock(ctx context.Context, e *runEnv) (*instance, error) {
+	p, addr, err := startNaiveServer(ctx, e, 429, "raw", "-clock")
+	if err != nil {
+		return nil, err
+	}
+	return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}, denyStatus: 429}, nil
+}
+
 // startNaiveServer starts `bench serve-naive` on a free loopback port,
-// denying with denyStatus, with the Redis client kind client, and waits
-// until it answers.
-func startNaiveServer(ctx context.Context, e *runEnv, denyStatus int, client string) (*proc, string, error) {
+// denying with denyStatus, with the Redis client kind client and the flags
+// extra, and waits until it answers.
+func startNaiveServer(ctx context.Context, e *runEnv, denyStatus int, client string, extra ...string) (*proc, string, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, "", err
 	}
 	l := limitFor(e.workload)
-	p, err := startProc(e.dir, "naive", e.o.selfBinary, []string{"serve-naive", "-listen", addr,
+	p, err := startProc(e.dir, "naive", e.o.selfBinary, append([]string{"serve-naive", "-listen", addr,
 		"-redis", e.redis.addr, "-limit", fmt.Sprint(l.n), "-window", fmt.Sprintf("%dms", l.ms),
-		"-deny-status", fmt.Sprint(denyStatus), "-client", client}, nil)
+		"-deny-status", fmt.Sprint(denyStatus), "-client", client}, extra...), nil)
 	if err != nil {
 		return nil, "", err
 	}
