@@ -208,15 +208,17 @@ func startNaive(ctx context.Context, e *runEnv) (*instance, error) {
 }
 
 func startNaiveRaw(ctx context.Context, e *runEnv) (*instance, error) {
-	p, addr, err := startNaiveServer(ctx, e, 429, "raw")
-	if err != nil {
-		return nil, err
-	}
-	return &instance{addr: addr, procs: []*proc{p}, serverRoots: []int{p.pid()}, denyStatus: 429}, nil
+	return startNaiveRawWith(ctx, e)
 }
 
 func startNaiveClock(ctx context.Context, e *runEnv) (*instance, error) {
-	p, addr, err := startNaiveServer(ctx, e, 429, "raw", "-clock")
+	return startNaiveRawWith(ctx, e, "-clock")
+}
+
+// startNaiveRawWith starts serve-naive on its own connections (-client
+// raw) with the flags extra.
+func startNaiveRawWith(ctx context.Context, e *runEnv, extra ...string) (*instance, error) {
+	p, addr, err := startNaiveServer(ctx, e, 429, "raw", extra...)
 	if err != nil {
 		return nil, err
 	}
