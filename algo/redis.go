@@ -68,7 +68,7 @@ type Redis struct {
 	slotKeys  *slotKeys
 
 	queue   chan *call
-	slots   chan *worker  // one per connection that may carry a batch
+	slots   *freeWorkers  // one per connection that may carry a batch
 	kick    chan struct{} // wakes the relay: calls are queued
 	refunds chan []refund
 	refundN chan struct{}  // callers applying refunds now (see refundNow)
@@ -148,7 +148,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		ids:       map[paramsKey]uint16{},
 		nodes:     map[string]int{},
 		queue:     make(chan *call, 64*opts.MaxBatch),
-		slots:     make(chan *worker, opts.Conns),
+		slots:     newFreeWorkers(opts.Conns),
 		kick:      make(chan struct{}, 1),
 		refunds:   make(chan []refund, 1024),
 		refundN:   make(chan struct{}, refundConns),
@@ -166,9 +166,6 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		c := &call{done: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 		c.timer.Stop()
 		return c
-	}
-	for i := 0; i < r.conns; i++ {
-		r.slots <- &worker{}
 	}
 	// A relay per connection: calls queued by DecideAsync have no caller
 	// waiting to send them, and as many batches may be on the wire at
@@ -308,14 +305,12 @@ func (r *Redis) Close() error {
 			done = true
 		}
 	}
-	ws := make([]*worker, 0, r.conns)
-	for range r.conns {
-		w := <-r.slots
+	ws := r.slots.takeAll(r.conns)
+	for _, w := range ws {
 		w.dropConn() // and none is dialed again: the store is stopped
-		ws = append(ws, w)
 	}
 	for _, w := range ws {
-		r.slots <- w
+		r.slots.put(w)
 	}
 	return nil
 }
@@ -398,8 +393,7 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 	default:
 	}
 	if len(r.queue) == 0 {
-		select {
-		case w := <-r.slots:
+		if w := r.slots.take(); w != nil {
 			// Nothing waits and a connection is free: this goroutine
 			// sends and reads itself, with no queue, no timer and no
 			// other goroutine woken. The connection's deadline is the
@@ -407,7 +401,6 @@ func (r *Redis) Decide(ctx context.Context, reqs []Request, res []Result) (bool,
 			// one is seen when the reply is back).
 			r.alone(w, c)
 			return r.finish(c, reqs, res)
-		default:
 		}
 	}
 	c.timer.Reset(wait)
@@ -505,7 +498,7 @@ func (r *Redis) DecideAsync(reqs []Request, res []Result, d Done) bool {
 		d.Decided(false, errBudget)
 		return true
 	}
-	if len(r.slots) > 0 {
+	if r.slots.free() > 0 {
 		// A connection is free: a relay sends. Otherwise whoever frees
 		// one hands the queue on (handOn).
 		select {

@@ -233,7 +233,7 @@ type told struct {
 // answer to its client, which the next batch need not wait for.
 func (r *Redis) free(w *worker) {
 	if len(w.told) == 0 {
-		r.slots <- w
+		r.slots.put(w)
 		r.handOn()
 		return
 	}
@@ -241,7 +241,7 @@ func (r *Redis) free(w *worker) {
 	*t = append((*t)[:0], w.told...)
 	clear(w.told)
 	w.told = w.told[:0]
-	r.slots <- w
+	r.slots.put(w)
 	r.handOn()
 	for _, x := range *t {
 		x.d.Decided(x.admitted, x.err)
@@ -262,10 +262,8 @@ func (w *worker) MarshalBinary() ([]byte, error) { return w.blob, nil }
 // still hold, by their callers' timers. What is queued when the batch is
 // back goes to the relay.
 func (r *Redis) lead(due time.Time) {
-	var w *worker
-	select {
-	case w = <-r.slots:
-	default:
+	w := r.slots.take()
+	if w == nil {
 		return // every connection is out: their senders hand the queue on
 	}
 	r.gather(w)
@@ -308,11 +306,7 @@ func (r *Redis) relay() {
 			return
 		}
 		for len(r.queue) > 0 {
-			var w *worker
-			select {
-			case w = <-r.slots:
-			default:
-			}
+			w := r.slots.take()
 			if w == nil {
 				break // a sender has the connections; it hands on when done
 			}

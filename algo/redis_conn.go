@@ -145,15 +145,14 @@ func (r *Redis) openDecideConns(ctx context.Context) error {
 		}
 	}()
 	for range r.conns {
-		select {
-		case w := <-r.slots:
-			held = append(held, w)
-			w.deadline.at = deadline
-			if _, err := r.decideConn(&w.deadline, w, time.Now(), deadline); err != nil {
-				return fmt.Errorf("open connections: %w", err)
-			}
-		default:
+		w := r.slots.take()
+		if w == nil {
 			return nil // the others carry decisions, so they are open
+		}
+		held = append(held, w)
+		w.deadline.at = deadline
+		if _, err := r.decideConn(&w.deadline, w, time.Now(), deadline); err != nil {
+			return fmt.Errorf("open connections: %w", err)
 		}
 	}
 	return nil

@@ -277,9 +277,9 @@ func TestDecideConnTimeout(t *testing.T) {
 	if _, err := rs.Decide(ctx, reqs, res); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Decide while Redis holds every command = %v, want an error wrapping context.DeadlineExceeded", err)
 	}
-	w := <-rs.slots
+	w := rs.slots.take() // the one freed last: the decision's
 	dropped := w.conn == nil
-	rs.slots <- w
+	rs.slots.put(w)
 	if !dropped {
 		t.Errorf("the connection of the timed-out decision is kept, want it dropped")
 	}
@@ -338,9 +338,9 @@ func TestDecideConnReadOnly(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "READONLY") {
 		t.Fatalf("Decide on a replica = %v, want READONLY", err)
 	}
-	w := <-rs.slots
+	w := rs.slots.take() // the one freed last: the decision's
 	dropped := w.conn == nil
-	rs.slots <- w
+	rs.slots.put(w)
 	if !dropped {
 		t.Errorf("the connection that answered READONLY is kept, want it dropped")
 	}
@@ -396,5 +396,85 @@ func TestDecideConnSentinelFailover(t *testing.T) {
 	// EVALSHA, or EVAL: a replica does not always have the script.
 	if !strings.Contains(list, "cmd=evalsha ") && !strings.Contains(list, "cmd=eval ") {
 		t.Errorf("the new master %s ran no decide.lua:\n%s", elected.Addr, list)
+	}
+}
+
+// TestDecideConnsLastFreedFirst: one decision after another goes on the
+// connection freed last, so that at a few thousand decisions a second one
+// connection carries them, used again within idleCheck, and the others
+// wait; taking the connection idle the longest would use every one of
+// them in turn, each past idleCheck and looked at first.
+func TestDecideConnsLastFreedFirst(t *testing.T) {
+	srv := redistest.New(t)
+	const conns = 4
+	rs, _, dials := directStore(t, srv, &redis.Options{PoolSize: 4}, RedisOptions{Conns: conns})
+	ctx := context.Background()
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dialed := dials.Load()
+	time.Sleep(2 * idleCheck)
+	start := time.Now()
+	p := mustPolicy(t, Spec{Name: "seq", Algorithm: FixedWindow, Limit: 1000, Window: time.Hour})
+	res := make([]Result, 1)
+	for i := range 20 {
+		if ok, err := rs.Decide(ctx, []Request{{Policy: p, Key: []byte("k")}}, res); err != nil || !ok {
+			t.Fatalf("decision %d = %v, %v", i, ok, err)
+		}
+	}
+	ws := rs.slots.takeAll(conns)
+	used := 0
+	for _, w := range ws {
+		if w.conn == nil {
+			t.Errorf("a worker has no connection after Warm and decisions")
+			continue
+		}
+		if !w.conn.used.Before(start) {
+			used++
+		}
+	}
+	for _, w := range ws {
+		rs.slots.put(w)
+	}
+	if used != 1 {
+		t.Errorf("20 decisions one after another used %d of %d connections, want 1", used, conns)
+	}
+	if d := dials.Load() - dialed; d != 0 {
+		t.Errorf("the decisions dialed %d connections, want none", d)
+	}
+}
+
+// TestFreeWorkers: the worker put back last is taken first, take answers
+// nil when none is free, and takeAll waits for those in use.
+func TestFreeWorkers(t *testing.T) {
+	f := newFreeWorkers(3)
+	a, b, c := f.take(), f.take(), f.take()
+	if a == nil || b == nil || c == nil || a == b || b == c || a == c {
+		t.Fatalf("three takes = %p, %p, %p; want three workers", a, b, c)
+	}
+	if w := f.take(); w != nil || f.free() != 0 {
+		t.Fatalf("a fourth take = %p with %d free, want nil and 0", w, f.free())
+	}
+	f.put(b)
+	f.put(a)
+	if w := f.take(); w != a {
+		t.Errorf("take = %p, want %p, the one put back last", w, a)
+	}
+	f.put(a)
+	got := make(chan []*worker)
+	go func() { got <- f.takeAll(3) }()
+	select {
+	case ws := <-got:
+		t.Fatalf("takeAll(3) with 2 free = %d workers, want it to wait", len(ws))
+	case <-time.After(20 * time.Millisecond):
+	}
+	f.put(c)
+	select {
+	case ws := <-got:
+		if len(ws) != 3 || f.free() != 0 {
+			t.Errorf("takeAll(3) = %d workers, %d left free; want 3 and 0", len(ws), f.free())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("takeAll(3) still waits after the third worker was put back")
 	}
 }
