@@ -231,20 +231,7 @@ func TestNaiveRaw(t *testing.T) {
 	r := &redisServer{addr: srv.Addr, client: srv.Client(t)}
 	addr := serveInTest(t, "serve-naive", serveNaive, "-redis", srv.Addr, "-limit", "3", "-window", "1h", "-client", "raw")
 	before := infoCounter(t, r, "commandstats", "cmdstat_evalsha")
-	client := &http.Client{Timeout: 2 * time.Second}
-	get := func(from string) int {
-		req, err := http.NewRequest("GET", "http://"+addr+"/auth", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("X-Forwarded-For", from)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	get := func(from string) int { return askAuth(t, addr, from) }
 	var got []int
 	for range 4 {
 		got = append(got, get("198.18.0.1"))
@@ -267,20 +254,7 @@ func TestNaiveClock(t *testing.T) {
 			srv := startRedisServer(t)
 			rc := srv.Client(t)
 			addr := serveInTest(t, "serve-naive", serveNaive, "-redis", srv.Addr, "-limit", "2", "-window", "1h", "-client", kind, "-clock")
-			client := &http.Client{Timeout: 2 * time.Second}
-			get := func(from string) int {
-				req, err := http.NewRequest("GET", "http://"+addr+"/auth", nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				req.Header.Set("X-Forwarded-For", from)
-				resp, err := client.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				resp.Body.Close()
-				return resp.StatusCode
-			}
+			get := func(from string) int { return askAuth(t, addr, from) }
 			ctx := context.Background()
 			before, err := rc.Time(ctx).Result()
 			if err != nil {
@@ -316,6 +290,23 @@ func TestNaiveClock(t *testing.T) {
 			}
 		})
 	}
+}
+
+// askAuth sends a GET /auth to the server at addr for the client from (its
+// X-Forwarded-For) and returns the answer's status.
+func askAuth(t *testing.T, addr, from string) int {
+	t.Helper()
+	req, err := http.NewRequest("GET", "http://"+addr+"/auth", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Forwarded-For", from)
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // TestServerFlags: bad flags are refused, naming the flag, before any
