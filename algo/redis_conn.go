@@ -172,10 +172,11 @@ func (w *worker) dropConn() {
 // server's session tickets are read before the connection is first left
 // idle, and the server has answered once). Everything, dial included,
 // within the deadline. Its errors wrap ErrUnreachable, as no decision was
-// sent, but for a handshake that outlasts the deadline: that is a Redis
-// that accepts connections and answers no command in the budget (stalled
-// or paused), and it counts as a decision that timed out on the wire, as
-// with go-redis, which logs in the same way.
+// sent, but for a handshake that outlasts the deadline (its TLS handshake
+// too, with TLSDialer): that is a Redis that accepts connections and
+// answers no command in the budget (stalled or paused), and it counts as a
+// decision that timed out on the wire, as with go-redis, which logs in the
+// same way.
 func (wr *decideDialer) dial(ctx context.Context, deadline time.Time) (*respConn, error) {
 	c, err := wr.open(ctx, deadline)
 	if err == nil {
@@ -205,6 +206,11 @@ func (wr *decideDialer) open(ctx context.Context, deadline time.Time) (*respConn
 	}
 	nc, err := o.Dialer(ctx, o.Network, o.Addr)
 	if err != nil {
+		if isHandshake(err) {
+			// Connected: a server that did not complete the TLS
+			// handshake in the budget is one that answered no login.
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %w", errDial, err)
 	}
 	c := &respConn{nc: nc, sc: socket(nc), in: make([]byte, 0, 512)}

@@ -325,23 +325,34 @@ func TestFaultRedisStalled(t *testing.T) {
 			if st.name == "DEBUG SLEEP" && length > 3*time.Second {
 				continue // the same for Redis as a pause; one length shows it
 			}
-			t.Run(fmt.Sprintf("%s %v", st.name, length), func(t *testing.T) { redisStalled(t, st.name, length, st.stall) })
+			t.Run(fmt.Sprintf("%s %v", st.name, length), func(t *testing.T) { redisStalled(t, st.name, length, false, st.stall) })
 		}
 	}
+	// Over TLS, a Redis that runs no event loop (DEBUG SLEEP) accepts
+	// connections (the kernel does) and completes no handshake: a decision
+	// that dials then is bounded by its budget, as over plain TCP.
+	t.Run("DEBUG SLEEP 3s over TLS", func(t *testing.T) { redisStalled(t, "DEBUG SLEEP, TLS", 3*time.Second, true, stalls[1].stall) })
 }
 
-func redisStalled(t *testing.T, name string, length time.Duration, stall func(t *testing.T, srv *redistest.Server, d time.Duration) <-chan struct{}) {
+func redisStalled(t *testing.T, name string, length time.Duration, overTLS bool, stall func(t *testing.T, srv *redistest.Server, d time.Duration) <-chan struct{}) {
 	const (
 		failures = 5
 		ip       = "203.0.113.50"
 	)
-	srv := redistest.NewLocal(t, redistest.WithDebugCommand())
-	l := startLimiter(t, "authlimit", map[string]string{
-		"AUTHLIMIT_REDIS_URL":        srv.URL,
+	env := map[string]string{
 		"AUTHLIMIT_RULES":            "name=per-ip key=ip limit=100000/1d",
 		"AUTHLIMIT_FAIL_MODE":        "local",
 		"AUTHLIMIT_BREAKER_FAILURES": fmt.Sprint(failures),
-	})
+	}
+	var srv *redistest.Server
+	if overTLS {
+		ts := redistest.StartTLS(t, redistest.WithDebugCommand())
+		srv, env["AUTHLIMIT_REDIS_CA_FILE"] = ts.Server, ts.CAFile
+	} else {
+		srv = redistest.NewLocal(t, redistest.WithDebugCommand())
+	}
+	env["AUTHLIMIT_REDIS_URL"] = srv.URL
+	l := startLimiter(t, "authlimit", env)
 	l.waitReadiness(t, "ready", 10*time.Second)
 	for _, a := range l.askN(ip, "/", 3) {
 		if !a.admitted() || !a.counted {

@@ -385,6 +385,12 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	// wait must not outlast it.
 	base.ContextTimeoutEnabled = true
 	base.DialTimeout = max(c.RedisTimeout, time.Second)
+	if base.TLSConfig != nil {
+		// go-redis's TLS dialing ignores the dial's context: a decision
+		// that dials a Redis that accepts and never completes the
+		// handshake would wait the dial timeout, not its budget.
+		base.Dialer = algo.TLSDialer(base.TLSConfig, base.DialTimeout)
+	}
 	base.PoolTimeout = c.RedisTimeout
 	// REDIS_POOL_SIZE connections carry decisions, a batch each; a few more
 	// serve probes, pings and refunds. Those that carry decisions are
@@ -410,6 +416,7 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		Password:              base.Password,
 		DB:                    base.DB,
 		TLSConfig:             base.TLSConfig,
+		Dialer:                base.Dialer,
 		PoolSize:              base.PoolSize,
 		ConnMaxIdleTime:       base.ConnMaxIdleTime,
 		ContextTimeoutEnabled: true,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"reflect"
@@ -14,7 +15,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/internal/redistest"
@@ -466,5 +469,84 @@ func TestMaxConns(t *testing.T) {
 		if tc.limit > 0 && !strings.Contains(s.describe(), fmt.Sprintf("max conns        %d (the open file limit %d", tc.want, tc.limit)) {
 			t.Errorf("describe() does not give the cap %d:\n%s", tc.want, s.describe())
 		}
+	}
+}
+
+// TestRedisTLSDialerBoundsTheHandshake: over rediss://, in every mode, the
+// client's dialer is one whose handshake ends at the dial's context's
+// deadline: against a server that accepts and never answers, a dial with
+// 100ms left fails well before the dial timeout (1s at least). Over
+// redis:// go-redis's own dialer, which honours the context, is kept.
+func TestRedisTLSDialerBoundsTheHandshake(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	silent := ln.Addr().String()
+	for _, mode := range []string{"standalone", "cluster", "sentinel"} {
+		t.Run(mode, func(t *testing.T) {
+			env := map[string]string{
+				"AUTHLIMIT_REDIS_URL":     "rediss://" + silent,
+				"AUTHLIMIT_REDIS_MODE":    mode,
+				"AUTHLIMIT_REDIS_TIMEOUT": "50ms",
+			}
+			if mode == "sentinel" {
+				env["AUTHLIMIT_REDIS_MASTER"] = "mymaster"
+			}
+			s, err := loadConfig(env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dialers := map[string]func(context.Context, string, string) (net.Conn, error){"universal": s.redisOptions.Dialer}
+			if s.redisPlain != nil {
+				dialers["plain"] = s.redisPlain.Dialer
+			}
+			for name, dial := range dialers {
+				if dial == nil {
+					t.Errorf("%s options: no dialer of authlimit's; go-redis's TLS dialing ignores the context", name)
+					continue
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				start := time.Now()
+				c, err := dial(ctx, "tcp", silent)
+				took := time.Since(start)
+				cancel()
+				if err == nil {
+					_ = c.Close()
+					t.Errorf("%s options: dial of a silent server succeeded", name)
+				}
+				if took > 700*time.Millisecond {
+					t.Errorf("%s options: dial of a silent server took %v, want about the context's 100ms", name, took)
+				}
+			}
+		})
+	}
+	s, err := loadConfig(map[string]string{"AUTHLIMIT_REDIS_URL": "redis://" + silent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.redisOptions.Dialer != nil || s.redisPlain.Dialer != nil {
+		t.Errorf("redis:// got a dialer of authlimit's; go-redis's own serves plain TCP")
 	}
 }
