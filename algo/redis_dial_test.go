@@ -15,43 +15,6 @@ import (
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
-// silentListener accepts connections on loopback and never answers, as a
-// Redis does whose event loop is stopped (the kernel accepts for it). The
-// connections close when t ends.
-func silentListener(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := make(chan net.Conn, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			select {
-			case held <- c:
-			default:
-				_ = c.Close()
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		for {
-			select {
-			case c := <-held:
-				_ = c.Close()
-			default:
-				return
-			}
-		}
-	})
-	return ln.Addr().String()
-}
-
 // TestTLSDialer: the dialer connects and verifies as tls.Dial does (the
 // server name from the address), fails a handshake with an untrusted
 // server as a handshake, and gives up a handshake that a silent server
@@ -108,7 +71,7 @@ func TestTLSDialer(t *testing.T) {
 	})
 
 	t.Run("silent", func(t *testing.T) {
-		addr := silentListener(t)
+		addr := redistest.Silent(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		start := time.Now()
@@ -142,7 +105,7 @@ func TestTLSDialer(t *testing.T) {
 func TestDecideConnTLSSilent(t *testing.T) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	const budget = 100 * time.Millisecond
-	addr := silentListener(t)
+	addr := redistest.Silent(t)
 	client := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: cfg, Dialer: TLSDialer(cfg, 10*time.Second), MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	rs := NewRedis(client, RedisOptions{Prefix: "silent", Timeout: budget})

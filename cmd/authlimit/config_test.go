@@ -15,7 +15,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -478,32 +477,7 @@ func TestMaxConns(t *testing.T) {
 // 100ms left fails well before the dial timeout (1s at least). Over
 // redis:// go-redis's own dialer, which honours the context, is kept.
 func TestRedisTLSDialerBoundsTheHandshake(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var held []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			_ = c.Close()
-		}
-	})
-	silent := ln.Addr().String()
+	silent := redistest.Silent(t)
 	for _, mode := range []string{"standalone", "cluster", "sentinel"} {
 		t.Run(mode, func(t *testing.T) {
 			env := map[string]string{
