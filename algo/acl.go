@@ -9,26 +9,34 @@ import (
 
 // RefusedCommands returns the commands decide.lua prefers that Redis does
 // not let the store's user run, in order: SETRANGE, which writes a
-// window's new count over the old one, and MGET, which reads the keys of a
-// request of several rules at once. Without them decisions stay exact:
-// the script falls back to SET ... KEEPTTL and to a GET per key. But each
-// fallback costs Redis more, and every refusal is an entry in ACL LOG.
+// window's new count over the old one, MGET, which reads the keys of a
+// request of several rules at once, and in a Redis Cluster EXISTS, which
+// checks a batch's keys before a primary's slots are decided in one call.
+// Without them decisions stay exact: the script falls back to SET ...
+// KEEPTTL, to a GET per key, and to a call per slot after the primary's
+// call is refused. But each fallback costs Redis more, and every refusal
+// is an entry in ACL LOG.
 //
 // Each command is tried where it changes nothing: on the key of Warm's
 // probe decision, SETRANGE of nothing at offset 0, which writes nothing
-// whether or not the key exists, and MGET. Redis checks the user's rights
-// before running a command, so a refusal (NOPERM) says the user lacks it.
-// Any other error is returned as it is.
+// whether or not the key exists, MGET and EXISTS. Redis checks the user's
+// rights before running a command, so a refusal (NOPERM) says the user
+// lacks it. Any other error is returned as it is.
 func (r *Redis) RefusedCommands(ctx context.Context) ([]string, error) {
 	key := string(r.probe.appendStorageKey(nil, r.prefix, []byte("probe")))
 	var refused []string
-	for _, c := range []struct {
+	type try struct {
 		name string
 		cmd  redis.Cmder
-	}{
+	}
+	tries := []try{
 		{"SETRANGE", r.client.SetRange(ctx, key, 0, "")},
 		{"MGET", r.client.MGet(ctx, key)},
-	} {
+	}
+	if r.cluster != nil {
+		tries = append(tries, try{"EXISTS", r.client.Exists(ctx, key)})
+	}
+	for _, c := range tries {
 		switch err := c.cmd.Err(); {
 		case err != nil && strings.HasPrefix(err.Error(), "NOPERM"):
 			refused = append(refused, c.name)

@@ -15,13 +15,19 @@ import (
 	"github.com/authlimit/authlimit/scripts"
 )
 
-// runCluster sends a batch as one decide.lua call per slot, one pipeline
-// per primary, all at once. A call completes as soon as the primaries
-// holding its slots have answered: a primary that fails or stalls holds
-// up, and fails, only the requests with keys on it. A request that spans
-// slots is settled when all of them have answered (refunding the slots
-// that admitted it if another did not). The slot calls, their arguments
-// and their grouping live in the worker and are reused batch after batch.
+// runCluster sends a batch as one decide.lua call per primary, all at
+// once: the requests of every slot the primary serves, in the client's
+// view of the slots, its first slot's keys declared (decide.lua's flag 2).
+// Should a slot have moved, or be migrating with a key gone, the call
+// answers TRYAGAIN before deciding anything, and its requests go again one
+// call each, where Redis's redirections lead (see evalSlots). Requests
+// whose primary the client does not know go one call per slot. A call
+// completes as soon as the primaries holding its slots have answered: a
+// primary that fails or stalls holds up, and fails, only the requests with
+// keys on it. A request that spans slots is settled when all of them have
+// answered (refunding the slots that admitted it if another did not). The
+// calls, their arguments and their grouping live in the worker and are
+// reused batch after batch.
 func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 	cw := &w.cluster
 	cw.reset()
@@ -36,13 +42,36 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 	}
 	for i := range cw.calls {
 		sc := &cw.calls[i]
-		w.parts = sc.parts
-		sc.blob = r.appendBatch(sc.blob[:0], w, 1)
 		sc.shard = r.shardOf(sc.slot)
 		for _, p := range sc.parts {
 			p.shard = sc.shard
 		}
 		cw.add(sc)
+	}
+	if cap(cw.merged) < len(cw.byShard) {
+		cw.merged = make([]slotCall, 0, len(cw.byShard)) // no growing: byShard points into it
+	}
+	for i, calls := range cw.byShard {
+		if i == 0 || len(calls) < 2 || r.general {
+			// No primary known (i == 0), a lone slot, or the previous
+			// release's script, which reads no flag 2.
+			for _, sc := range calls {
+				w.parts = sc.parts
+				sc.blob = r.appendBatch(sc.blob[:0], w, 1)
+			}
+			continue
+		}
+		var m *slotCall
+		cw.merged, m = extend(cw.merged)
+		m.slot, m.shard = calls[0].slot, calls[0].shard
+		m.keys = append(m.keys, calls[0].keys...)
+		for _, sc := range calls {
+			m.parts = append(m.parts, sc.parts...)
+		}
+		w.parts = m.parts
+		m.blob = r.appendBatch(m.blob[:0], w, 3)
+		clear(calls)
+		cw.byShard[i] = append(calls[:0], m)
 	}
 	// One goroutine per primary but the last, whose calls go from here.
 	var last []*slotCall
@@ -77,24 +106,28 @@ func (r *Redis) settleSlot(sc *slotCall) {
 }
 
 // clusterWork is a worker's reusable memory for a cluster batch: one slot
-// call per slot, and the calls grouped by primary.
+// call per slot, the calls grouped by primary, and a call per primary of
+// several slots.
 type clusterWork struct {
 	calls   []slotCall
 	bySlot  map[uint16]int // index in calls
 	byShard [][]*slotCall  // by shard + 1 (shard -1: no primary known)
+	merged  []slotCall     // a primary's slots in one call
 	wg      sync.WaitGroup // the primaries' goroutines
 }
 
 func (cw *clusterWork) reset() {
-	for i := range cw.calls {
-		sc := &cw.calls[i]
-		clear(sc.parts) // nothing of past batches kept alive
-		clear(sc.keys)
-		clear(sc.args)
-		sc.reply.Reset()
-		*sc = slotCall{parts: sc.parts[:0], keys: sc.keys[:0], blob: sc.blob, args: sc.args[:0], reply: sc.reply}
+	for _, calls := range []*[]slotCall{&cw.calls, &cw.merged} {
+		for i := range *calls {
+			sc := &(*calls)[i]
+			clear(sc.parts) // nothing of past batches kept alive
+			clear(sc.keys)
+			clear(sc.args)
+			sc.reply.Reset()
+			*sc = slotCall{parts: sc.parts[:0], keys: sc.keys[:0], blob: sc.blob, args: sc.args[:0], reply: sc.reply}
+		}
+		*calls = (*calls)[:0]
 	}
-	cw.calls = cw.calls[:0]
 	for i := range cw.byShard {
 		clear(cw.byShard[i])
 		cw.byShard[i] = cw.byShard[i][:0]
@@ -210,15 +243,15 @@ func notExecuted(err error) bool {
 	return false
 }
 
-// split makes one call per part of sc.
+// split makes one call per part of sc, each on its own slot's keys.
 func (r *Redis) split(sc *slotCall) []*slotCall {
-	if len(sc.parts) == 1 {
+	if len(sc.parts) == 1 && sc.parts[0].slot == sc.slot {
 		return []*slotCall{sc}
 	}
 	out := make([]*slotCall, len(sc.parts))
 	for i, p := range sc.parts {
 		w := worker{parts: []*part{p}}
-		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, 1), keys: p.appendKeys(nil), slot: sc.slot, shard: sc.shard}
+		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, 1), keys: p.appendKeys(nil), slot: p.slot, shard: p.shard}
 	}
 	return out
 }

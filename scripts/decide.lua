@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-cross-slot-keys
 -- decide.lua decides a batch of requests in one call. Each request is
 -- decided all or nothing, in order: if any of its rules denies, none of its
 -- rules consumes anything, and a later request of the batch sees what an
@@ -8,8 +8,9 @@
 --
 -- KEYS: none with a standalone or Sentinel client (the keys are in ARGV[1]);
 --       in Redis Cluster, every key of the batch, all of one hash slot, so
---       the cluster routes the call and checks the slot. The script reads
---       its keys from ARGV[1] either way.
+--       the cluster routes the call and checks the slot, or, in a batch of
+--       several slots of one primary (flag 2), those of its first slot.
+--       The script reads its keys from ARGV[1] either way.
 -- ARGV[1]: little-endian binary (struct formats in brackets), one of three
 --   layouts, told apart by the first byte (an algorithm, 7 or 0):
 --   one rule a call of one request of one rule (not sliding_window_log)
@@ -30,7 +31,8 @@
 --                Redis TIME (production always reads TIME, so replicas with
 --                skewed clocks agree; only tests pin the time)
 --            [H] the number of requests, [H] the number of policies,
---            [B] flags: 1 = reply with a refund token per rule
+--            [B] flags: 1 = reply with a refund token per rule, 2 = keys
+--                of several Redis Cluster slots (see below)
 --   policies per policy the batch's rules use, each once: [B] algorithm
 --            (1 fixed_window, 2 sliding_window_log,
 --            3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket,
@@ -979,6 +981,34 @@ else
   V = {}
   for j = 0, 6 * (npol - 1), 6 do
     V[j + 1], V[j + 2], V[j + 3], V[j + 4], V[j + 5], V[j + 6], pos = sunpack('<Bddddd', blob, pos)
+  end
+end
+
+-- A Redis Cluster batch of several slots (flag 2) declares the keys of one
+-- slot only, which routes it, and reads the others' from ARGV, as the
+-- script's flag allow-cross-slot-keys lets it. Before anything is written,
+-- every key is touched once (EXISTS), so that a key whose slot this node
+-- does not serve at the moment (moved, migrating away with the key gone,
+-- or a cluster down) fails the call before it decides anything: it
+-- answers TRYAGAIN, which the store takes for a call that did not run,
+-- and sends its requests again, slot by slot, where Redis's redirections
+-- lead. So does a call of a user not granted EXISTS (earlier releases
+-- needed it only for refunds), each of whose slots then decides as its
+-- own call would.
+if flags % 4 >= 2 then
+  local p = pos
+  for _ = 1, nreq do
+    local nrules
+    nrules, p = sunpack('<B', blob, p)
+    p = p + 8 -- the request's id
+    for _ = 1, nrules do
+      local k
+      k, p = sunpack('<Hc0', blob, p + 11) -- after its policy, shadow and cost
+      local e = pcall('EXISTS', k)
+      if e ~= 0 and e ~= 1 then -- an error
+        return R.error_reply('TRYAGAIN a key of the batch could not be touched here (' .. e.err .. '): sent again slot by slot')
+      end
+    end
   end
 end
 

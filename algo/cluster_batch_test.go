@@ -1,0 +1,222 @@
+package algo
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/authlimit/authlimit/internal/redistest"
+)
+
+// scriptStats returns a node's script calls (EVALSHA and EVAL) and those
+// of them that answered an error, from INFO commandstats.
+func scriptStats(t *testing.T, c *redis.Client) (calls, failed int64) {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		for _, cmd := range []string{"evalsha", "eval"} {
+			rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":")
+			if !ok {
+				continue
+			}
+			for _, f := range strings.Split(rest, ",") {
+				k, v, _ := strings.Cut(f, "=")
+				n, _ := strconv.ParseInt(v, 10, 64)
+				switch k {
+				case "calls":
+					calls += n
+				case "failed_calls":
+					failed += n
+				}
+			}
+		}
+	}
+	return calls, failed
+}
+
+// runBatch decides one request of rule per key, all in one batch, as a
+// worker sends what waits in the queue, and returns each request's result.
+func runBatch(t *testing.T, rs *Redis, rule *Policy, keys []string) []Result {
+	t.Helper()
+	w := &worker{}
+	calls := make([]*call, len(keys))
+	for i, k := range keys {
+		c := &call{done: make(chan struct{}, 1)}
+		if err := rs.encode(context.Background(), c, []Request{{Policy: rule, Key: []byte(k)}}); err != nil {
+			t.Fatal(err)
+		}
+		c.deadline = time.Now().Add(10 * time.Second)
+		calls[i] = c
+		w.batch = append(w.batch, c)
+	}
+	rs.run(w, time.Now().Add(10*time.Second))
+	out := make([]Result, len(keys))
+	for i, c := range calls {
+		<-c.done
+		if c.err != nil {
+			t.Fatalf("%s: %v", keys[i], c.err)
+		}
+		out[i] = c.res[0]
+	}
+	return out
+}
+
+// TestClusterOneCallPerPrimary: a batch whose requests fall on many slots
+// goes to each primary as one script call, whatever the number of its
+// slots, and decides every request once.
+func TestClusterOneCallPerPrimary(t *testing.T) {
+	topo := redistest.NewClusterTopology(t, 3, 0)
+	client := topo.Client(t)
+	rs := newRedis(t, client, topo.Prefix(t))
+	if err := rs.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rule := mustPolicy(t, Spec{Name: "per-primary", Algorithm: FixedWindow, Limit: 1000, Window: time.Hour})
+	var keys []string
+	slotsOf := map[*redistest.ClusterNode]map[uint16]bool{}
+	for i := range 60 {
+		k := "198.51.100." + strconv.Itoa(i)
+		keys = append(keys, k)
+		m := topo.MasterForKey(t, "x{"+k+"}")
+		if slotsOf[m] == nil {
+			slotsOf[m] = map[uint16]bool{}
+		}
+		slotsOf[m][slot([]byte(k))] = true
+	}
+	masters := topo.Masters(t)
+	for _, m := range masters {
+		if len(slotsOf[m]) < 2 {
+			t.Fatalf("%s serves %d of the keys' slots; the test wants several on each", m, len(slotsOf[m]))
+		}
+	}
+	for round := int64(1); round <= 2; round++ {
+		before := map[*redistest.ClusterNode]int64{}
+		for _, m := range masters {
+			before[m], _ = scriptStats(t, m.Client(t))
+		}
+		for i, res := range runBatch(t, rs, rule, keys) {
+			if !res.Allowed || res.Remaining != 1000-round {
+				t.Errorf("round %d, %s: %+v, want allowed with %d remaining", round, keys[i], res, 1000-round)
+			}
+		}
+		for _, m := range masters {
+			calls, _ := scriptStats(t, m.Client(t))
+			if got := calls - before[m]; got != 1 {
+				t.Errorf("round %d: %s got %d script calls for the requests of its %d slots, want 1", round, m, got, len(slotsOf[m]))
+			}
+		}
+	}
+}
+
+// TestClusterBatchAcrossAMigration: a primary's call whose slots include
+// one migrating away, its key already moved, decides nothing there: it
+// answers TRYAGAIN before any write, and its requests go again slot by
+// slot, the moved key's after an ASK to the importing primary. Every
+// request is decided exactly once, before, during and after the migration.
+func TestClusterBatchAcrossAMigration(t *testing.T) {
+	topo := redistest.NewClusterTopology(t, 3, 0)
+	client := topo.Client(t)
+	rs := newRedis(t, client, topo.Prefix(t))
+	if err := rs.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rule := mustPolicy(t, Spec{Name: "migrating", Algorithm: SlidingWindowCounter, Limit: 1000, Window: time.Hour})
+	masters := topo.Masters(t)
+	from, to := masters[0], masters[1]
+	// Keys of several slots of from; the last is the one whose slot moves,
+	// so that the call's declared keys are another slot's.
+	var keys []string
+	seen := map[uint16]bool{}
+	for i := 0; len(keys) < 6; i++ {
+		k := "203.0.113." + strconv.Itoa(i)
+		if s := slot([]byte(k)); !seen[s] && topo.MasterForKey(t, "x{"+k+"}") == from {
+			seen[s] = true
+			keys = append(keys, k)
+		}
+	}
+	moving := int(slot([]byte(keys[len(keys)-1])))
+	check := func(round int64) {
+		t.Helper()
+		for i, res := range runBatch(t, rs, rule, keys) {
+			if !res.Allowed || res.Remaining != 1000-round {
+				t.Errorf("round %d, %s: %+v, want allowed with %d remaining: each request decided exactly once", round, keys[i], res, 1000-round)
+			}
+		}
+	}
+	check(1)
+	m := topo.BeginMigration(t, moving, to)
+	if m.MoveKeys(t, 10) == 0 {
+		t.Fatal("no key of the migrating slot to move")
+	}
+	_, failed0 := scriptStats(t, from.Client(t))
+	calls0, _ := scriptStats(t, to.Client(t))
+	check(2)
+	if _, failed := scriptStats(t, from.Client(t)); failed-failed0 != 1 {
+		t.Errorf("%s answered %d failed script calls in the migration, want 1: the primary's call, refused before deciding", from, failed-failed0)
+	}
+	if calls, _ := scriptStats(t, to.Client(t)); calls-calls0 != 1 {
+		t.Errorf("%s got %d script calls in the migration, want 1: the moved key's, asked", to, calls-calls0)
+	}
+	m.Finish(t)
+	check(3)
+	if got := fmt.Sprint(topo.MasterForSlot(t, moving)); got != fmt.Sprint(to) {
+		t.Errorf("slot %d is on %s after the migration, want %s", moving, got, to)
+	}
+}
+
+// TestClusterWithoutExists: a user not granted EXISTS (earlier releases
+// needed it only for refunds) still gets every request decided exactly
+// once, each primary's slots one call each after its call is refused, and
+// RefusedCommands names EXISTS, which start-up then warns of.
+func TestClusterWithoutExists(t *testing.T) {
+	topo := redistest.NewClusterTopology(t, 3, 0)
+	prefix := topo.Prefix(t)
+	const user, password = "no-exists", "no-exists-password"
+	for _, m := range topo.Masters(t) {
+		rules := append([]any{"ACL", "SETUSER", user}, anys(redistest.LimitedUserRules(password, prefix, "cluster"))...)
+		admin := m.Client(t)
+		if err := admin.Do(context.Background(), rules...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.Do(context.Background(), "ACL", "SETUSER", user, "-exists").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := topo.Client(t, func(o *redis.ClusterOptions) { o.Username, o.Password = user, password })
+	rs := newRedis(t, client, prefix)
+	if err := rs.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if refused, err := rs.RefusedCommands(context.Background()); err != nil || fmt.Sprint(refused) != "[EXISTS]" {
+		t.Errorf("RefusedCommands without +exists: %q, %v; want [EXISTS]", refused, err)
+	}
+	rule := mustPolicy(t, Spec{Name: "no-exists", Algorithm: TokenBucket, Limit: 1000, Window: time.Hour})
+	var keys []string
+	for i := range 30 {
+		keys = append(keys, "192.0.2."+strconv.Itoa(i))
+	}
+	for round := int64(1); round <= 2; round++ {
+		for i, res := range runBatch(t, rs, rule, keys) {
+			if !res.Allowed || res.Remaining != 1000-round {
+				t.Errorf("round %d, %s: %+v, want allowed with %d remaining", round, keys[i], res, 1000-round)
+			}
+		}
+	}
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
