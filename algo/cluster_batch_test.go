@@ -70,16 +70,23 @@ func runBatch(t *testing.T, rs *Redis, rule *Policy, keys []string) []Result {
 	return out
 }
 
+// topologyStore starts a cluster of three primaries and returns it with a
+// warmed store on it.
+func topologyStore(t *testing.T) (*redistest.ClusterTopology, *Redis) {
+	t.Helper()
+	topo := redistest.NewClusterTopology(t, 3, 0)
+	rs := newRedis(t, topo.Client(t), topo.Prefix(t))
+	if err := rs.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return topo, rs
+}
+
 // TestClusterOneCallPerPrimary: a batch whose requests fall on many slots
 // goes to each primary as one script call, whatever the number of its
 // slots, and decides every request once.
 func TestClusterOneCallPerPrimary(t *testing.T) {
-	topo := redistest.NewClusterTopology(t, 3, 0)
-	client := topo.Client(t)
-	rs := newRedis(t, client, topo.Prefix(t))
-	if err := rs.Warm(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	topo, rs := topologyStore(t)
 	rule := mustPolicy(t, Spec{Name: "per-primary", Algorithm: FixedWindow, Limit: 1000, Window: time.Hour})
 	var keys []string
 	slotsOf := map[*redistest.ClusterNode]map[uint16]bool{}
@@ -123,12 +130,7 @@ func TestClusterOneCallPerPrimary(t *testing.T) {
 // slot, the moved key's after an ASK to the importing primary. Every
 // request is decided exactly once, before, during and after the migration.
 func TestClusterBatchAcrossAMigration(t *testing.T) {
-	topo := redistest.NewClusterTopology(t, 3, 0)
-	client := topo.Client(t)
-	rs := newRedis(t, client, topo.Prefix(t))
-	if err := rs.Warm(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	topo, rs := topologyStore(t)
 	rule := mustPolicy(t, Spec{Name: "migrating", Algorithm: SlidingWindowCounter, Limit: 1000, Window: time.Hour})
 	masters := topo.Masters(t)
 	from, to := masters[0], masters[1]
