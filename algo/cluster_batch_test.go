@@ -223,3 +223,120 @@ func anys(ss []string) []any {
 	}
 	return out
 }
+
+// TestClusterRequestAcrossSlotsOfOnePrimary: a request whose rules' keys
+// fall on several slots of one primary is decided there as one request, in
+// one call: a rule that denies leaves the others on that primary
+// unconsumed with no refund, while a part on another primary that admitted
+// is refunded.
+func TestClusterRequestAcrossSlotsOfOnePrimary(t *testing.T) {
+	topo, rs := topologyStore(t)
+	masters := topo.Masters(t)
+	m, n := masters[0], masters[1]
+	var onM []string
+	var onN string
+	for i := 0; len(onM) < 2 || onN == ""; i++ {
+		k := "203.0.113." + strconv.Itoa(i)
+		switch topo.MasterForKey(t, "x{"+k+"}") {
+		case m:
+			if len(onM) == 0 || slot([]byte(onM[0])) != slot([]byte(k)) {
+				onM = append(onM, k)
+			}
+		case n:
+			onN = k
+		}
+	}
+	many := mustPolicy(t, Spec{Name: "many", Algorithm: SlidingWindowLog, Limit: 3, Window: time.Hour})
+	one := mustPolicy(t, Spec{Name: "one", Algorithm: FixedWindow, Limit: 1, Window: time.Hour})
+	other := mustPolicy(t, Spec{Name: "other", Algorithm: TokenBucket, Limit: 10, Window: time.Hour})
+	reqs := []Request{{Policy: many, Key: []byte(onM[0])}, {Policy: one, Key: []byte(onM[1])}, {Policy: other, Key: []byte(onN)}}
+	ctx := context.Background()
+	res := make([]Result, len(reqs))
+	if ok, err := rs.Decide(ctx, reqs, res); !ok || err != nil {
+		t.Fatalf("first decision: %v, %v, want admitted", ok, err)
+	}
+	mc, nc := m.Client(t), n.Client(t)
+	beforeM, _ := scriptStats(t, mc)
+	beforeN, _ := scriptStats(t, nc)
+	ok, err := rs.Decide(ctx, reqs, res)
+	if ok || err != nil {
+		t.Fatalf("second decision: %v, %v, want denied by rule one", ok, err)
+	}
+	afterM, _ := scriptStats(t, mc)
+	afterN, _ := scriptStats(t, nc)
+	if got := afterM - beforeM; got != 1 {
+		t.Errorf("%s answered %d script calls for the denied request, want 1: its two slots decided as one request, nothing to refund", m, got)
+	}
+	if got := afterN - beforeN; got != 2 {
+		t.Errorf("%s answered %d script calls for the denied request, want 2: its part admitted, then refunded", n, got)
+	}
+	want := []Result{
+		{Allowed: true, Limit: 3, Remaining: 2},
+		{Allowed: false, Reason: ReasonLimited, Limit: 1, Remaining: 0},
+		{Allowed: true, Limit: 10, Remaining: 9},
+	}
+	for i, w := range want {
+		g := res[i]
+		if g.Allowed != w.Allowed || g.Reason != w.Reason || g.Limit != w.Limit || g.Remaining != w.Remaining {
+			t.Errorf("rule %d of the denied request: %+v, want allowed %v, reason %v, %d of %d remaining", i, g, w.Allowed, w.Reason, w.Remaining, w.Limit)
+		}
+	}
+	for i, w := range []int64{1, 8} {
+		q := reqs[2*i]
+		if got := decideOne(t, rs, q); got.Remaining != w {
+			t.Errorf("%s alone after the denied request: %d remaining, want %d (nothing consumed by it)", q.Policy.Name(), got.Remaining, w)
+		}
+	}
+}
+
+// TestClusterBatchOfRequestsAcrossSlots: in one batch, requests whose rules
+// span the same slots of one primary are each decided as one request in
+// the primary's one call, in the batch's order: the second sees what the
+// first consumed, and its denial consumes nothing and refunds nothing.
+func TestClusterBatchOfRequestsAcrossSlots(t *testing.T) {
+	topo, rs := topologyStore(t)
+	m := topo.Masters(t)[0]
+	var keys []string
+	for i := 0; len(keys) < 2; i++ {
+		k := "192.0.2." + strconv.Itoa(i)
+		if topo.MasterForKey(t, "x{"+k+"}") == m && (len(keys) == 0 || slot([]byte(keys[0])) != slot([]byte(k))) {
+			keys = append(keys, k)
+		}
+	}
+	many := mustPolicy(t, Spec{Name: "many", Algorithm: GCRA, Limit: 5, Window: time.Hour})
+	one := mustPolicy(t, Spec{Name: "one", Algorithm: SlidingWindowCounter, Limit: 1, Window: time.Hour})
+	reqs := []Request{{Policy: many, Key: []byte(keys[0])}, {Policy: one, Key: []byte(keys[1])}}
+	mc := m.Client(t)
+	before, _ := scriptStats(t, mc)
+	w := &worker{}
+	calls := make([]*call, 3)
+	for i := range calls {
+		c := &call{done: make(chan struct{}, 1)}
+		if err := rs.encode(context.Background(), c, reqs); err != nil {
+			t.Fatal(err)
+		}
+		c.deadline = time.Now().Add(10 * time.Second)
+		calls[i] = c
+		w.batch = append(w.batch, c)
+	}
+	rs.run(w, time.Now().Add(10*time.Second))
+	for i, c := range calls {
+		<-c.done
+		if c.err != nil {
+			t.Fatalf("request %d: %v", i, c.err)
+		}
+		if want := i == 0; c.admitted != want {
+			t.Errorf("request %d of the batch: admitted %v, want %v", i, c.admitted, want)
+		}
+		if got := c.res[0]; !got.Allowed || got.Remaining != 4 {
+			t.Errorf("request %d, rule many: %+v, want allowed with 4 remaining (only the first request consumed)", i, got)
+		}
+	}
+	after, _ := scriptStats(t, mc)
+	if got := after - before; got != 1 {
+		t.Errorf("%s answered %d script calls for the batch, want 1: each request's two slots decided as one, nothing refunded", m, got)
+	}
+	if got := decideOne(t, rs, reqs[0]); got.Remaining != 3 {
+		t.Errorf("rule many alone after the batch: %d remaining, want 3", got.Remaining)
+	}
+}

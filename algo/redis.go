@@ -261,24 +261,37 @@ func (r *Redis) probeDecision(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, r.timeout)
 		defer cancel()
 	}
-	c := &call{}
-	if err := r.encode(ctx, c, []Request{{Policy: r.probe, Key: []byte("probe"), Cost: 2}}); err != nil {
-		return err
-	}
-	w := &worker{parts: []*part{&c.parts[0]}}
 	if r.cluster != nil {
-		sc := &slotCall{blob: r.appendBatch(nil, w, 1), keys: c.parts[0].appendKeys(nil), slot: c.parts[0].slot}
+		sc, err := r.probeCall(ctx, []byte("probe"))
+		if err != nil {
+			return err
+		}
 		r.evalSlots(ctx, r.decideSHAArg, r.decideSrcArg, []*slotCall{sc}, nil, func(*slotCall) {})
 		if sc.err != nil {
 			return fmt.Errorf("probe decision: %w", sc.err)
 		}
 		return nil
 	}
+	c := &call{}
+	if err := r.encode(ctx, c, []Request{{Policy: r.probe, Key: []byte("probe"), Cost: 2}}); err != nil {
+		return err
+	}
+	w := &worker{parts: []*part{&c.parts[0]}}
 	w.blob = r.appendBatch(nil, w, 0)
 	if err := r.evalRaw(ctx, w); err != nil {
 		return fmt.Errorf("probe decision: %w", err)
 	}
 	return r.parseReply(w.body, w.parts, false)
+}
+
+// probeCall is a cluster call of the probe decision on key's slot.
+func (r *Redis) probeCall(ctx context.Context, key []byte) (*slotCall, error) {
+	c := &call{}
+	if err := r.encode(ctx, c, []Request{{Policy: r.probe, Key: key, Cost: 2}}); err != nil {
+		return nil, err
+	}
+	w := &worker{parts: []*part{&c.parts[0]}}
+	return &slotCall{blob: r.appendBatch(nil, w, 1), keys: c.parts[0].appendKeys(nil), slot: c.parts[0].slot}, nil
 }
 
 // Ping reports whether Redis answers (every primary, for a cluster).

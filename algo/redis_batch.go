@@ -552,7 +552,8 @@ func (r *Redis) appendBatch(dst []byte, w *worker, flags byte) []byte {
 		dst = append(dst, 0, 0, 0)
 	}
 	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(pinned))
-	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(w.parts)))
+	nreqAt := len(dst)
+	dst = append(dst, 0, 0)
 	npolAt := len(dst)
 	dst = append(dst, 0, 0, flags)
 	w.gen++
@@ -572,14 +573,43 @@ func (r *Redis) appendBatch(dst []byte, w *worker, flags byte) []byte {
 		}
 	}
 	binary.LittleEndian.PutUint16(dst[npolAt:], uint16(npol))
-	for _, p := range w.parts {
-		at := len(dst)
-		dst = append(dst, p.buf...)
-		for j, id := range p.ids {
-			binary.LittleEndian.PutUint16(dst[at+p.idAt[j]:], w.place[id])
+	nreq := 0
+	for i := 0; i < len(w.parts); i = requestEnd(w.parts, i) {
+		// One request: its parts side by side (a primary's call of several
+		// slots), their rules after one count and id.
+		end := requestEnd(w.parts, i)
+		head := len(dst)
+		dst = append(dst, w.parts[i].buf[:partHead]...)
+		for _, p := range w.parts[i:end] {
+			at := len(dst) - partHead
+			dst = append(dst, p.buf[partHead:]...)
+			for j, id := range p.ids {
+				binary.LittleEndian.PutUint16(dst[at+p.idAt[j]:], w.place[id])
+			}
+			if p != w.parts[i] {
+				dst[head] += p.buf[0]
+			}
 		}
+		nreq++
 	}
+	binary.LittleEndian.PutUint16(dst[nreqAt:], uint16(nreq))
 	return dst
+}
+
+// partHead is the length of a part's buf before its rules: the number of
+// rules and the request's id.
+const partHead = 1 + 8
+
+// requestEnd returns the end of the parts of the request whose first part
+// is parts[i]: a primary's call of several slots holds a request's parts
+// there side by side, and decides them as one request; any other call holds
+// one part of a request.
+func requestEnd(parts []*part, i int) int {
+	j := i + 1
+	for j < len(parts) && parts[j].c == parts[i].c {
+		j++
+	}
+	return j
 }
 
 // Where the rule of a part of one request is in its buf (see part).
@@ -727,7 +757,6 @@ func (r *Redis) parseReply(b []byte, parts []*part, tokens bool) error {
 	if tokens {
 		per = ruleReplyToken
 	}
-	num := func(b []byte, i int) int64 { return whole(b[2+8*i:]) }
 	if len(b) > 0 && b[0] == flatAdmitted {
 		// A request of several rules (the flat layout) that every rule
 		// admitted with no delay: [B] 3, then per rule [d] remaining,
@@ -742,7 +771,30 @@ func (r *Redis) parseReply(b []byte, parts []*part, tokens bool) error {
 		}
 		return nil
 	}
-	for _, p := range parts {
+	for i := 0; i < len(parts); i = requestEnd(parts, i) {
+		if end := requestEnd(parts, i); end > i+1 {
+			// One request of several parts (see appendBatch): admitted as
+			// one, then its parts' rules in order.
+			rules := 0
+			for _, p := range parts[i:end] {
+				rules += len(p.ids)
+			}
+			if len(b) < 1+per*rules {
+				return errors.New("reply is short")
+			}
+			for _, p := range parts[i:end] {
+				p.admitted = b[0] == 1
+			}
+			b = b[1:]
+			for _, p := range parts[i:end] {
+				var err error
+				if b, err = r.parseRules(b, p, per, tokens); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		p := parts[i]
 		if len(b) > 0 && b[0] == 2 {
 			// A request of one rule that it admitted with no delay: [B] 2,
 			// [d] remaining, [d] reset after.
@@ -758,30 +810,40 @@ func (r *Redis) parseReply(b []byte, parts []*part, tokens bool) error {
 			return errors.New("reply is short")
 		}
 		p.admitted = b[0] == 1
-		b = b[1:]
-		for j, id := range p.ids {
-			c := r.policy(id)
-			res := Result{
-				Allowed:    b[0] == 1,
-				Reason:     Reason(b[1]),
-				Limit:      c.capacity(),
-				Remaining:  num(b, 0),
-				ResetAfter: micros(num(b, 1)),
-				RetryAfter: micros(num(b, 2)),
-				Delay:      micros(num(b, 3)),
-			}
-			if res.Reason > ReasonCostTooHigh {
-				return fmt.Errorf("reply has unknown reason %d", b[1])
-			}
-			if tokens {
-				p.tokens[j] = float64(num(b, 4))
-			}
-			p.c.res[p.idx[j]] = res
-			b = b[per:]
+		var err error
+		if b, err = r.parseRules(b[1:], p, per, tokens); err != nil {
+			return err
 		}
 	}
 	if len(b) != 0 {
 		return fmt.Errorf("reply has %d bytes too many", len(b))
 	}
 	return nil
+}
+
+// parseRules reads the replies of a part's rules, per bytes each, from b
+// and returns the rest.
+func (r *Redis) parseRules(b []byte, p *part, per int, tokens bool) ([]byte, error) {
+	num := func(b []byte, i int) int64 { return whole(b[2+8*i:]) }
+	for j, id := range p.ids {
+		c := r.policy(id)
+		res := Result{
+			Allowed:    b[0] == 1,
+			Reason:     Reason(b[1]),
+			Limit:      c.capacity(),
+			Remaining:  num(b, 0),
+			ResetAfter: micros(num(b, 1)),
+			RetryAfter: micros(num(b, 2)),
+			Delay:      micros(num(b, 3)),
+		}
+		if res.Reason > ReasonCostTooHigh {
+			return nil, fmt.Errorf("reply has unknown reason %d", b[1])
+		}
+		if tokens {
+			p.tokens[j] = float64(num(b, 4))
+		}
+		p.c.res[p.idx[j]] = res
+		b = b[per:]
+	}
+	return b, nil
 }

@@ -24,8 +24,10 @@ import (
 // whose primary the client does not know go one call per slot. A call
 // completes as soon as the primaries holding its slots have answered: a
 // primary that fails or stalls holds up, and fails, only the requests with
-// keys on it. A request that spans slots is settled when all of them have
-// answered (refunding the slots that admitted it if another did not). The
+// keys on it. A request that spans slots of one primary is one request of
+// that primary's call, decided there all or nothing; one that spans
+// primaries is settled when all of them have answered (refunding those that
+// admitted it if another did not). The
 // calls, their arguments and their grouping live in the worker and are
 // reused batch after batch.
 func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
@@ -66,7 +68,9 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 		m.slot, m.shard = calls[0].slot, calls[0].shard
 		m.keys = append(m.keys, calls[0].keys...)
 		for _, sc := range calls {
-			m.parts = append(m.parts, sc.parts...)
+			for _, p := range sc.parts {
+				m.parts = appendRequest(m.parts, p)
+			}
 		}
 		w.parts = m.parts
 		m.blob = r.appendBatch(m.blob[:0], w, 3)
@@ -92,6 +96,32 @@ func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 		r.evalSlots(ctx, r.decideSHAArg, r.decideSrcArg, last, r.split, r.decided)
 	}
 	cw.wg.Wait()
+}
+
+// appendRequest appends to a primary's call the parts of p's request on
+// that primary, together, when p is the first of them; so that the call
+// decides the request as one, all or nothing across its slots (see
+// appendBatch), and refunds nothing on that primary if another of its rules
+// there denies.
+func appendRequest(parts []*part, p *part) []*part {
+	if len(p.c.parts) == 1 {
+		return append(parts, p)
+	}
+	for i := range p.c.parts {
+		q := &p.c.parts[i]
+		if q == p {
+			break
+		}
+		if q.shard == p.shard {
+			return parts // appended with the first
+		}
+	}
+	for i := range p.c.parts {
+		if q := &p.c.parts[i]; q.shard == p.shard {
+			parts = append(parts, q)
+		}
+	}
+	return parts
 }
 
 // settleSlot settles a slot call of decide.lua, and each call of the batch
@@ -529,35 +559,64 @@ func (r *Redis) shardOf(s uint16) int {
 }
 
 // Probe reports whether a shard (see Shards) can decide again: without a
-// cluster, Warm; in a cluster, the shard's primary loads the scripts, and a
-// failed probe has the client reload the cluster's layout, so that routing
-// learns of a failover.
+// cluster, Warm; in a cluster, the shard's primary loads the scripts and
+// makes one decision on a slot it serves, which reads a key under the
+// prefix and writes nothing. So a primary that answers but cannot decide
+// (the cluster down, a slot it no longer serves, a user denied the prefix)
+// keeps its circuit open, as a dead one does. A failed probe has the client
+// reload the cluster's layout, so that routing learns of a failover. A
+// shard that serves no slot in the client's layout any more (its primary
+// failed over, or gave its slots away) can decide again: nothing goes to it.
 func (r *Redis) Probe(ctx context.Context, shard int) error {
 	if r.cluster == nil {
 		return r.Warm(ctx)
 	}
+	err := r.probeShard(ctx, shard)
+	if err != nil {
+		r.cluster.ReloadState(ctx)
+	}
+	return err
+}
+
+func (r *Redis) probeShard(ctx context.Context, shard int) error {
 	r.nodeMu.RLock()
 	var addr string
 	if shard >= 0 && shard < len(r.nodeAddrs) {
 		addr = r.nodeAddrs[shard]
 	}
 	r.nodeMu.RUnlock()
-	err := fmt.Errorf("redis probe: no primary known for shard %d", shard)
-	if addr != "" {
-		err = r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			if c.Options().Addr != addr {
-				return nil
-			}
-			for _, src := range []string{scripts.Decide, scripts.Refund} {
-				if err := c.ScriptLoad(ctx, src).Err(); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+	if addr == "" {
+		return fmt.Errorf("redis probe: no primary known for shard %d", shard)
 	}
+	s, c, ok := r.slotServedBy(ctx, addr)
+	if !ok {
+		return nil
+	}
+	for _, src := range []string{scripts.Decide, scripts.Refund} {
+		if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+			return fmt.Errorf("redis probe: load script: %w", err)
+		}
+	}
+	sc, err := r.probeCall(ctx, []byte(r.slotKey(s)))
 	if err != nil {
-		r.cluster.ReloadState(ctx)
+		return err
 	}
-	return err
+	r.pipeline(ctx, c, r.decideSHAArg, r.decideSrcArg, []*slotCall{sc})
+	if sc.last != nil {
+		return fmt.Errorf("redis probe: decision on slot %d at %s: %w", s, addr, sc.last)
+	}
+	return nil
+}
+
+// slotServedBy returns a slot that the client believes the primary at addr
+// serves, and the primary's client; ok is false if it serves none.
+func (r *Redis) slotServedBy(ctx context.Context, addr string) (s uint16, c *redis.Client, ok bool) {
+	for i := range 16384 {
+		s = uint16(i)
+		m, err := r.cluster.MasterForKey(ctx, r.slotKey(s))
+		if err == nil && m.Options().Addr == addr {
+			return s, m, true
+		}
+	}
+	return 0, nil, false
 }
