@@ -60,6 +60,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzAuth$$' -fuzztime $(FUZZTIME) ./handler
 	$(GO) test -run '^$$' -fuzz '^FuzzCheck$$' -fuzztime $(FUZZTIME) ./front/extauthz
 	$(GO) test -run '^$$' -fuzz '^FuzzAuthPath$$' -fuzztime $(FUZZTIME) ./handler
+	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/extauthz
+	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/rls
+	$(GO) test -run '^$$' -fuzz '^FuzzConn$$' -fuzztime $(FUZZTIME) ./front/grpcwire
 
 clean:
 	rm -rf bin
