@@ -340,3 +340,56 @@ func TestClusterBatchOfRequestsAcrossSlots(t *testing.T) {
 		t.Errorf("rule many alone after the batch: %d remaining, want 3", got.Remaining)
 	}
 }
+
+// TestClusterRedirectionsReloadNoLayout: calls that Redis redirects, for
+// the whole of a slot's migration, go to the importing primary without the
+// client reloading the cluster's layout (CLUSTER SLOTS) for each.
+func TestClusterRedirectionsReloadNoLayout(t *testing.T) {
+	topo, rs := topologyStore(t)
+	rule := mustPolicy(t, Spec{Name: "asked", Algorithm: FixedWindow, Limit: 1000, Window: time.Hour})
+	masters := topo.Masters(t)
+	from, to := masters[0], masters[1]
+	var key string
+	for i := 0; key == ""; i++ {
+		if k := "198.51.100." + strconv.Itoa(i); topo.MasterForKey(t, "x{"+k+"}") == from {
+			key = k
+		}
+	}
+	q := Request{Policy: rule, Key: []byte(key)}
+	decideOne(t, rs, q)
+	m := topo.BeginMigration(t, int(slot([]byte(key))), to)
+	if m.MoveKeys(t, 10) == 0 {
+		t.Fatal("no key of the migrating slot to move")
+	}
+	layouts := func() (n int64) {
+		for _, node := range masters {
+			n += nodeCalls(t, node, "cluster|slots")
+		}
+		return n
+	}
+	before, asked0 := layouts(), nodeCalls(t, to, "asking")
+	const n = 20
+	for i := range n {
+		if got := decideOne(t, rs, q); !got.Allowed || got.Remaining != 1000-2-int64(i) {
+			t.Fatalf("decision %d in the migration: %+v, want allowed with %d remaining", i, got, 1000-2-i)
+		}
+	}
+	if got := nodeCalls(t, to, "asking") - asked0; got != n {
+		t.Errorf("%s was asked %d times, want %d: every call redirected", to, got, n)
+	}
+	if got := layouts() - before; got > 1 {
+		t.Errorf("the masters answered CLUSTER SLOTS %d times for %d redirected calls, want at most 1", got, n)
+	}
+	m.Finish(t)
+}
+
+// nodeCalls returns how many times node has answered the command, as INFO
+// commandstats names it ("asking", "cluster|slots").
+func nodeCalls(t *testing.T, node *redistest.ClusterNode, cmd string) int64 {
+	t.Helper()
+	info, err := node.Client(t).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return commandCalls(info, cmd)
+}

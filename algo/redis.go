@@ -66,6 +66,10 @@ type Redis struct {
 	nodes     map[string]int // cluster primary address → shard number
 	nodeAddrs []string       // by shard number
 	slotKeys  *slotKeys
+	// The cluster's node clients by address, and when they were listed
+	// (see nodeByAddr).
+	nodeClients   map[string]*redis.Client
+	nodeClientsAt time.Time
 
 	queue   chan *call
 	slots   *freeWorkers  // one per connection that may carry a batch

@@ -263,29 +263,48 @@ func redirection(err error) (moved, ask bool, addr string) {
 	return false, false, ""
 }
 
-// nodeByAddr returns the client of the cluster node at addr. Redirections
-// are rare (a slot moving, a failover), so the node is looked up each time
-// rather than kept: the cluster client replaces the clients of nodes that
-// leave.
+// nodeTTL is how long nodeByAddr keeps the cluster client's node clients.
+// The cluster client closes the client of a node that has left its layout
+// a minute after it left, so a client kept this long is never closed.
+const nodeTTL = 10 * time.Second
+
+// nodeByAddr returns the client of the cluster node at addr, for a call
+// that Redis redirected there. The cluster client lists its nodes only
+// after reloading the cluster's layout, at once, from one node; so the
+// list is kept for nodeTTL and looked up again only for an address it
+// lacks. Otherwise every redirected call (a migrating slot's, for the
+// whole migration) would cost a CLUSTER SLOTS round trip first, and in the
+// tens of milliseconds after a failover, while most nodes still report the
+// old layout, such reloads hand the client back the layout it had before.
 func (r *Redis) nodeByAddr(ctx context.Context, addr string) (*redis.Client, error) {
+	r.nodeMu.RLock()
+	c := r.nodeClients[addr]
+	if time.Since(r.nodeClientsAt) >= nodeTTL {
+		c = nil
+	}
+	r.nodeMu.RUnlock()
+	if c != nil {
+		return c, nil
+	}
 	var mu sync.Mutex
-	var found *redis.Client
+	clients := map[string]*redis.Client{}
 	err := r.cluster.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
-		if c.Options().Addr == addr {
-			mu.Lock()
-			found = c
-			mu.Unlock()
-		}
+		mu.Lock()
+		clients[c.Options().Addr] = c
+		mu.Unlock()
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if found == nil {
-		r.cluster.ReloadState(ctx)
-		return nil, fmt.Errorf("redirected to %s, a node the client does not know yet", addr)
+	r.nodeMu.Lock()
+	r.nodeClients, r.nodeClientsAt = clients, time.Now()
+	r.nodeMu.Unlock()
+	if c := clients[addr]; c != nil {
+		return c, nil
 	}
-	return found, nil
+	r.cluster.ReloadState(ctx)
+	return nil, fmt.Errorf("redirected to %s, a node the client does not know yet", addr)
 }
 
 // slotKey returns a short key that hashes to the slot, so that the client's
