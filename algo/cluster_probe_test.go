@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
@@ -99,4 +101,51 @@ func TestClusterProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(b, "slot covered again")
+}
+
+// TestClusterProbeWithinTheBudget: a primary whose link is slower than the
+// decision budget keeps its circuit open, as it does a decision: the
+// probe's decision has the budget, not the probe's whole timeout.
+func TestClusterProbeWithinTheBudget(t *testing.T) {
+	topo := redistest.NewClusterTopology(t, 3, 0)
+	masters := topo.Masters(t)
+	var proxies []*redistest.LatencyProxy
+	for _, m := range masters {
+		proxies = append(proxies, redistest.NewLatencyProxy(t, m.Addr))
+	}
+	client := topo.Client(t, func(o *redis.ClusterOptions) {
+		o.Dialer = redistest.DialVia(proxies...)
+		o.ContextTimeoutEnabled = true // as authlimit configures it
+	})
+	const budget = 200 * time.Millisecond
+	rs := NewRedis(client, RedisOptions{Prefix: topo.Prefix(t), Timeout: budget})
+	t.Cleanup(func() { _ = rs.Close() })
+	ctx := context.Background()
+	if err := rs.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	shardOf := func(m *redistest.ClusterNode) int {
+		for i := 0; ; i++ {
+			k := "198.51.100." + strconv.Itoa(i)
+			if topo.MasterForKey(t, "x{"+k+"}") == m {
+				return rs.Shards(nil, []Request{{Key: []byte(k)}})[0]
+			}
+		}
+	}
+	probe := func(i int) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // the guard gives a probe at least 1s
+		defer cancel()
+		return rs.Probe(ctx, shardOf(masters[i]))
+	}
+	proxies[0].SetDelay(budget) // each way: a round trip of twice the budget
+	if err := probe(0); err == nil {
+		t.Errorf("probe of %s over a link of %v each way, budget %v: succeeded, want its decision timed out", masters[0], budget, budget)
+	}
+	if err := probe(1); err != nil {
+		t.Errorf("probe of %s over a fast link: %v", masters[1], err)
+	}
+	proxies[0].SetDelay(0)
+	if err := probe(0); err != nil {
+		t.Errorf("probe of %s once its link is fast again: %v", masters[0], err)
+	}
 }

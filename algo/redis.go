@@ -260,11 +260,8 @@ func (r *Redis) fillPool(ctx context.Context, c *redis.Client) error {
 // admits: the script reads the policy's key, under the prefix, and writes
 // nothing.
 func (r *Redis) probeDecision(ctx context.Context) error {
-	if d, ok := ctx.Deadline(); !ok || r.timeout > 0 && time.Until(d) > r.timeout {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.timeout)
-		defer cancel()
-	}
+	ctx, cancel := r.withinBudget(ctx)
+	defer cancel()
 	if r.cluster != nil {
 		sc, err := r.probeCall(ctx, []byte("probe"))
 		if err != nil {
@@ -286,6 +283,15 @@ func (r *Redis) probeDecision(ctx context.Context) error {
 		return fmt.Errorf("probe decision: %w", err)
 	}
 	return r.parseReply(w.body, w.parts, false)
+}
+
+// withinBudget returns ctx bounded by the decision budget, so that a probe
+// decision fails on a link too slow for decisions, as they would.
+func (r *Redis) withinBudget(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); !ok || r.timeout > 0 && time.Until(d) > r.timeout {
+		return context.WithTimeout(ctx, r.timeout)
+	}
+	return ctx, func() {}
 }
 
 // probeCall is a cluster call of the probe decision on key's slot.

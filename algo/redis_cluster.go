@@ -560,8 +560,8 @@ func (r *Redis) shardOf(s uint16) int {
 
 // Probe reports whether a shard (see Shards) can decide again: without a
 // cluster, Warm; in a cluster, the shard's primary loads the scripts and
-// makes one decision on a slot it serves, which reads a key under the
-// prefix and writes nothing. So a primary that answers but cannot decide
+// makes one decision on a slot it serves, within the budget, which reads a
+// key under the prefix and writes nothing. So a primary that answers but cannot decide
 // (the cluster down, a slot it no longer serves, a user denied the prefix)
 // keeps its circuit open, as a dead one does. A failed probe has the client
 // reload the cluster's layout, so that routing learns of a failover. A
@@ -601,6 +601,8 @@ func (r *Redis) probeShard(ctx context.Context, shard int) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := r.withinBudget(ctx)
+	defer cancel()
 	r.pipeline(ctx, c, r.decideSHAArg, r.decideSrcArg, []*slotCall{sc})
 	if sc.last != nil {
 		return fmt.Errorf("redis probe: decision on slot %d at %s: %w", s, addr, sc.last)
