@@ -20,19 +20,10 @@ func TestClusterProbe(t *testing.T) {
 	topo, rs := topologyStore(t)
 	ctx := context.Background()
 	masters := topo.Masters(t)
-	shardOf := func(m *redistest.ClusterNode) int {
-		t.Helper()
-		for i := 0; ; i++ {
-			k := "198.51.100." + strconv.Itoa(i)
-			if topo.MasterForKey(t, "x{"+k+"}") == m {
-				return rs.Shards(nil, []Request{{Key: []byte(k)}})[0]
-			}
-		}
-	}
 	probe := func(m *redistest.ClusterNode) error {
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		return rs.Probe(ctx, shardOf(m))
+		return rs.Probe(ctx, shardOf(t, topo, rs, m))
 	}
 	eventually := func(m *redistest.ClusterNode, what string) {
 		t.Helper()
@@ -124,18 +115,10 @@ func TestClusterProbeWithinTheBudget(t *testing.T) {
 	if err := rs.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
-	shardOf := func(m *redistest.ClusterNode) int {
-		for i := 0; ; i++ {
-			k := "198.51.100." + strconv.Itoa(i)
-			if topo.MasterForKey(t, "x{"+k+"}") == m {
-				return rs.Shards(nil, []Request{{Key: []byte(k)}})[0]
-			}
-		}
-	}
 	probe := func(i int) error {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // the guard gives a probe at least 1s
 		defer cancel()
-		return rs.Probe(ctx, shardOf(masters[i]))
+		return rs.Probe(ctx, shardOf(t, topo, rs, masters[i]))
 	}
 	proxies[0].SetDelay(budget) // each way: a round trip of twice the budget
 	if err := probe(0); err == nil {
@@ -147,5 +130,16 @@ func TestClusterProbeWithinTheBudget(t *testing.T) {
 	proxies[0].SetDelay(0)
 	if err := probe(0); err != nil {
 		t.Errorf("probe of %s once its link is fast again: %v", masters[0], err)
+	}
+}
+
+// shardOf returns the store's shard number of a primary.
+func shardOf(t *testing.T, topo *redistest.ClusterTopology, rs *Redis, m *redistest.ClusterNode) int {
+	t.Helper()
+	for i := 0; ; i++ {
+		k := "198.51.100." + strconv.Itoa(i)
+		if topo.MasterForKey(t, "x{"+k+"}") == m {
+			return rs.Shards(nil, []Request{{Key: []byte(k)}})[0]
+		}
 	}
 }
