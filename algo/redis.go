@@ -199,17 +199,9 @@ func digest(src string) string {
 // user denied the prefix, or a link slower than the budget fail it. Decide
 // works without Warm.
 func (r *Redis) Warm(ctx context.Context) error {
-	scriptLoad := func(ctx context.Context, c *redis.Client) error {
-		for _, src := range []string{scripts.Decide, scripts.Refund} {
-			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
-				return fmt.Errorf("load script: %w", err)
-			}
-		}
-		return nil
-	}
 	if r.cluster != nil {
 		err := r.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			if err := scriptLoad(ctx, c); err != nil {
+			if err := loadScripts(ctx, c); err != nil {
 				return err
 			}
 			return r.fillPool(ctx, c)
@@ -222,7 +214,7 @@ func (r *Redis) Warm(ctx context.Context) error {
 		if !ok {
 			return fmt.Errorf("redis warm: unsupported client %T", r.client)
 		}
-		if err := scriptLoad(ctx, c); err != nil {
+		if err := loadScripts(ctx, c); err != nil {
 			return err
 		}
 		if err := r.fillPool(ctx, c); err != nil {
@@ -233,6 +225,16 @@ func (r *Redis) Warm(ctx context.Context) error {
 		}
 	}
 	return r.probeDecision(ctx)
+}
+
+// loadScripts loads decide.lua and refund.lua into one Redis node.
+func loadScripts(ctx context.Context, c *redis.Client) error {
+	for _, src := range []string{scripts.Decide, scripts.Refund} {
+		if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+			return fmt.Errorf("load script: %w", err)
+		}
+	}
+	return nil
 }
 
 // fillPool holds every connection a client's pool may open, each pinged,

@@ -27,9 +27,8 @@ import (
 // keys on it. A request that spans slots of one primary is one request of
 // that primary's call, decided there all or nothing; one that spans
 // primaries is settled when all of them have answered (refunding those that
-// admitted it if another did not). The
-// calls, their arguments and their grouping live in the worker and are
-// reused batch after batch.
+// admitted it if another did not). The calls, their arguments and their
+// grouping live in the worker and are reused batch after batch.
 func (r *Redis) runCluster(ctx context.Context, w *worker, live []*call) {
 	cw := &w.cluster
 	cw.reset()
@@ -561,9 +560,9 @@ func (r *Redis) shardOf(s uint16) int {
 // Probe reports whether a shard (see Shards) can decide again: without a
 // cluster, Warm; in a cluster, the shard's primary loads the scripts and
 // makes one decision on a slot it serves, within the budget, which reads a
-// key under the prefix and writes nothing. So a primary that answers but cannot decide
-// (the cluster down, a slot it no longer serves, a user denied the prefix)
-// keeps its circuit open, as a dead one does. A failed probe has the client
+// key under the prefix and writes nothing. So a primary that answers but
+// cannot decide (the cluster down, a slot it no longer serves, a user
+// denied the prefix) keeps its circuit open, as a dead one does. A failed probe has the client
 // reload the cluster's layout, so that routing learns of a failover. A
 // shard that serves no slot in the client's layout any more (its primary
 // failed over, or gave its slots away) can decide again: nothing goes to it.
@@ -592,10 +591,8 @@ func (r *Redis) probeShard(ctx context.Context, shard int) error {
 	if !ok {
 		return nil
 	}
-	for _, src := range []string{scripts.Decide, scripts.Refund} {
-		if err := c.ScriptLoad(ctx, src).Err(); err != nil {
-			return fmt.Errorf("redis probe: load script: %w", err)
-		}
+	if err := loadScripts(ctx, c); err != nil {
+		return fmt.Errorf("redis probe: %w", err)
 	}
 	sc, err := r.probeCall(ctx, []byte(r.slotKey(s)))
 	if err != nil {
