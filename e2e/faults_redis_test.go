@@ -187,9 +187,14 @@ func redisKilled(t *testing.T, outage time.Duration) {
 	goroutines0 := m0["go_goroutines"]
 	conns0, _ := l.redisConns(t, srv.Addr)
 
-	srv.Stop(t)
+	// The outage is [killed, restarting): killed is taken before the kill,
+	// as the circuit may open while Stop waits for the process to go, and
+	// restarting before the restart, as a probe may find Redis answering
+	// before Restart returns.
 	killed := time.Now()
+	srv.Stop(t)
 	time.Sleep(outage) // the fault itself
+	restarting := time.Now()
 	srv.Restart(t)
 	answering := time.Now()
 	l.waitMetric(t, "with its circuit closed", 10*time.Second, func(m promSample) bool {
@@ -242,11 +247,11 @@ func redisKilled(t *testing.T, outage time.Duration) {
 	var admittedBefore []string
 	overLimit := false
 	for _, ip := range ips {
-		n := countAnswers(between(per[ip], time.Time{}, answering), answer.admitted)
+		n := countAnswers(between(per[ip], time.Time{}, restarting), answer.admitted)
 		admittedBefore = append(admittedBefore, fmt.Sprint(n))
 		overLimit = overLimit || n > limit
 	}
-	during := between(as, killed, answering)
+	during := between(as, killed, restarting)
 	faults.Record(t, faultlog.Row{
 		// Padded, so that the table sorts the outages by length.
 		Fault:    fmt.Sprintf("Redis killed under load for %2d s, then restarted (empty)", int(outage.Seconds())),
@@ -262,8 +267,8 @@ func redisKilled(t *testing.T, outage time.Duration) {
 		t.Errorf("a client was admitted beyond its limit of %d before Redis was back: %s", limit, strings.Join(admittedBefore, ", "))
 	}
 	for _, ip := range ips {
-		if countAnswers(between(per[ip], killed, answering), func(a answer) bool { return a.status == 429 }) == 0 {
-			t.Errorf("%s was never denied during the outage: the local fallback did not continue from Redis's admissions (answers: %s)", ip, tally(between(per[ip], killed, answering)))
+		if countAnswers(between(per[ip], killed, restarting), func(a answer) bool { return a.status == 429 }) == 0 {
+			t.Errorf("%s was never denied during the outage: the local fallback did not continue from Redis's admissions (answers: %s)", ip, tally(between(per[ip], killed, restarting)))
 		}
 	}
 	if !okOpen || !okClosed {
