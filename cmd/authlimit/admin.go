@@ -104,13 +104,11 @@ func (a *app) newAdmin(s *settings) error {
 // force since, described as -check does, credentials hidden.
 func (a *app) effectiveConfig(s *settings) admin.Config {
 	rulesHash, rlsHash, at := a.reload.state()
+	set := a.sets.Load()
 	now := *s
-	now.rules = a.engine.Rules()
-	now.rulesHash = rulesHash
+	now.rules, now.rls = set.Rules(), set.RLS()
+	now.rulesHash, now.rlsHash = rulesHash, rlsHash
 	now.defaultRules = s.defaultRules && rulesHash == s.rulesHash
-	if a.reload.rls != nil {
-		now.rls = a.reload.rlsConfig()
-	}
 	hashes := map[string]string{configRules: rulesHash}
 	if rlsHash != "" {
 		hashes[configRLS] = rlsHash

@@ -100,6 +100,7 @@ type settings struct {
 	rules         []*rules.Rule
 	defaultRules  bool
 	rulesHash     string // of the rules in force, see rulesHash
+	rlsHash       string // of AUTHLIMIT_RLS_CONFIG's files, see hashRLS
 	failMode      guard.FailMode
 	trusted       []netip.Prefix
 	allow, block  []netip.Prefix

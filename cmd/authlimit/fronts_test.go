@@ -324,9 +324,11 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.engine.SetRules(rs); err != nil {
+	set, err := a.sets.Load().WithRules(rs)
+	if err != nil {
 		t.Fatal(err)
 	}
+	a.sets.Store(set)
 	req := &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlpb.RateLimitDescriptor{
 		{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "many", Value: "x"}}},
 		{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "one", Value: "x"}}},

@@ -14,8 +14,6 @@ import (
 	"github.com/valyala/fasthttp"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/authlimit/authlimit/algo"
-	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/internal/conncap"
@@ -35,14 +33,14 @@ func grpcSettings(c *config, s *settings, problem func(string, error)) {
 	if c.RLSConfig == "" {
 		return
 	}
-	cfg, err := envoyconf.Load(c.RLSConfig)
+	cfg, hash, err := loadRLSStable(c.RLSConfig)
 	if err != nil {
 		for _, e := range unjoin(err) {
 			problem("RLS_CONFIG", e)
 		}
 		return
 	}
-	s.rls = cfg
+	s.rls, s.rlsHash = cfg, hash
 }
 
 // describeRLS adds the gRPC settings to -check's output.
@@ -56,15 +54,6 @@ func (s *settings) describeRLS(w func(k, v string)) {
 		return
 	}
 	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits())))
-}
-
-// rlsPolicies are the policies the guard must know for the rate-limit
-// service.
-func (s *settings) rlsPolicies() []*algo.Policy {
-	if s.rls == nil {
-		return nil
-	}
-	return s.rls.Policies()
 }
 
 // grpcFront is the gRPC server: the rate-limit service, the health service
@@ -99,12 +88,11 @@ const readinessInterval = time.Second
 // that a port in use stops authlimit at start.
 func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if s.rls != nil {
-		svc, err := a.newRLS(s.rls, reg)
+		svc, err := rls.New(rls.Options{Rules: a.sets, Engine: a.engine, Registry: reg})
 		if err != nil {
 			return err
 		}
-		a.rls = &rlsSwitch{}
-		a.rls.cur.Store(svc)
+		a.rls = svc
 	}
 	if s.GRPCListen == "" {
 		return nil
@@ -138,37 +126,6 @@ func newGRPCServer(conns *conncap.Cap, accepted prometheus.Counter, log *slog.Lo
 		WriteTimeout: serverTimeouts.Write,
 		Log:          log,
 	})
-}
-
-// newRLS builds the rate-limit service of cfg. Every service counts in the
-// one set of metrics the first registers with reg: a reload's service
-// continues the counts of the one it replaces.
-func (a *app) newRLS(cfg *envoyconf.Config, reg prometheus.Registerer) (*rls.Service, error) {
-	if a.rlsMetrics == nil {
-		m, err := rls.NewMetrics(reg)
-		if err != nil {
-			return nil, err
-		}
-		a.rlsMetrics = m
-	}
-	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Metrics: a.rlsMetrics})
-}
-
-// newRLSReloader reloads AUTHLIMIT_RLS_CONFIG into the service in force.
-func (a *app) newRLSReloader(s *settings, reg prometheus.Registerer) (*rlsReloader, error) {
-	hash, err := hashRLS(s.RLSConfig)
-	if err != nil {
-		return nil, &ConfigError{Var: envPrefix + "RLS_CONFIG", Err: err}
-	}
-	return &rlsReloader{
-		path:  s.RLSConfig,
-		cfg:   s.rls,
-		hash:  hash,
-		front: a.rls,
-		union: a.union,
-		build: func(cfg *envoyconf.Config) (*rls.Service, error) { return a.newRLS(cfg, reg) },
-		log:   a.log,
-	}, nil
 }
 
 // watchReadiness keeps the health service's overall status ("") in step

@@ -37,6 +37,7 @@ import (
 	"github.com/authlimit/authlimit/internal/conncap"
 	"github.com/authlimit/authlimit/internal/httpconn"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset"
 	"github.com/authlimit/authlimit/store/redis"
 )
 
@@ -186,17 +187,14 @@ type app struct {
 	// stopping is closed when shutdown begins: it ends the holds of shaped
 	// requests (see hold).
 	stopping chan struct{}
-	// union gives the guard the policies of the rules and of
-	// AUTHLIMIT_RLS_CONFIG together.
-	union *policyUnion
+	// sets holds the rule set in force: the rules and AUTHLIMIT_RLS_CONFIG,
+	// swapped by reload.
+	sets *ruleset.Holder
 	// rls answers ShouldRateLimit and POST /json; nil without
 	// AUTHLIMIT_RLS_CONFIG. grpc serves gRPC; nil without
 	// AUTHLIMIT_GRPC_LISTEN.
-	rls  *rlsSwitch
+	rls  *rls.Service
 	grpc *grpcFront
-	// rlsMetrics count the rate-limit service's answers, for every
-	// service a reload builds (see newRLS).
-	rlsMetrics *rls.Metrics
 	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
 	admin *adminFront
 }
@@ -296,14 +294,14 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	}
 	reg.MustRegister(a.conns.accepted, a.conns.grpcAccepted, a.conns.rejected, a.conns.acceptErrors)
 	a.connCap = conncap.New(s.maxConns, a.conns.rejected.Inc)
-	var policies []*algo.Policy
-	for _, r := range s.rules {
-		policies = append(policies, r.Policies()...)
+	set, err := ruleset.New(s.rules, s.rls)
+	if err != nil {
+		return nil, err
 	}
-	policies = append(policies, s.rlsPolicies()...)
+	a.sets = ruleset.NewHolder(set)
 	gopts := guard.Options{
 		FailMode:          s.failMode,
-		Policies:          policies,
+		Rules:             a.sets,
 		LocalDivisor:      s.LocalDivisor,
 		BreakerFailures:   s.BreakerFailures,
 		BreakerBackoff:    s.BreakerBackoff,
@@ -375,13 +373,9 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		}
 		log.Warn("redis not ready at start; deciding with the fail mode until it answers", "err", msg, "fail_mode", s.failMode.String())
 	}
-	a.union = &policyUnion{Guard: g, rls: s.rlsPolicies()}
-	for _, r := range s.rules {
-		a.union.rules = append(a.union.rules, r.Policy)
-	}
 	e, err := decide.New(decide.Options{
-		Rules:      s.rules,
-		Decider:    a.union,
+		Rules:      a.sets,
+		Decider:    g,
 		AllowCIDRs: s.allow,
 		BlockCIDRs: s.block,
 		IPv4Prefix: s.IPv4Prefix,
@@ -417,14 +411,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		a.close()
 		return nil, err
 	}
-	var rr *rlsReloader
-	if a.rls != nil {
-		if rr, err = a.newRLSReloader(s, reg); err != nil {
-			a.close()
-			return nil, err
-		}
-	}
-	if a.reload, err = newReloader(s, e, rr, reg, log, time.Now); err != nil {
+	if a.reload, err = newReloader(s, a.sets, reg, log, time.Now); err != nil {
 		a.close()
 		return nil, err
 	}
