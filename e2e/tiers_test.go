@@ -59,7 +59,7 @@ func TestAPIKeyTiersBehindNginx(t *testing.T) {
 	site := render(t, "nginx/tiers.conf",
 		"server authlimit:8080;", "server "+a.addr+";",
 		"server backend:80;", "server "+be.addr+";",
-		"listen 8080;", "listen "+addr+";")
+		"listen 8000;", "listen "+addr+";")
 	runNginx(t, "nginx", dir, addr, site, false)
 
 	c := newClient("127.0.0.41")
