@@ -358,7 +358,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	err = g.Start(sctx)
 	if rs, ok := gopts.Store.(*redis.Store); ok && err == nil {
 		if missing, _ := rs.RefusedCommands(sctx); len(missing) > 0 {
-			log.Warn("the redis user may not run "+strings.Join(missing, " or ")+": decisions stay exact, but decide.lua falls back to slower commands (SET ... KEEPTTL for SETRANGE, a GET per key for MGET, in a Redis Cluster a call per slot for EXISTS), which cost Redis more and add entries to ACL LOG; grant them (README: Least-privilege Redis user)", "redis", s.redisDisplay)
+			log.Warn("the redis user may not run "+strings.Join(missing, " or ")+": decisions stay exact, but decide.lua falls back to slower commands (SET ... KEEPTTL for SETRANGE, a GET per key for MGET, in a Redis Cluster a call per slot for EXISTS), which cost Redis more and add entries to ACL LOG; grant them (docs/security.md: Least-privilege Redis user)", "redis", s.redisDisplay)
 		}
 	}
 	cancel()
