@@ -24,7 +24,8 @@ import (
 // ShouldRateLimit and POST /json answer from. Every mistake in the
 // configuration is reported, each naming its file, domain, descriptor and
 // field.
-func grpcSettings(c *config, s *settings, problem func(string, error)) {
+func grpcSettings(s *settings, _ map[string]string, p *problems) {
+	c, problem := &s.config, p.add
 	if c.GRPCListen != "" {
 		if err := checkHostPort(c.GRPCListen); err != nil {
 			problem("GRPC_LISTEN", fmt.Errorf("%q is not host:port (such as :8081 or 127.0.0.1:8081): %w", c.GRPCListen, err))
@@ -32,6 +33,9 @@ func grpcSettings(c *config, s *settings, problem func(string, error)) {
 	}
 	if c.RLSConfig == "" {
 		return
+	}
+	if c.GRPCListen == "" {
+		s.warnings = append(s.warnings, envPrefix+"RLS_CONFIG is set, AUTHLIMIT_GRPC_LISTEN is not: Envoy's ShouldRateLimit (gRPC) is not served; only POST /json answers from the configuration")
 	}
 	cfg, hash, err := loadRLSStable(c.RLSConfig)
 	if err != nil {
@@ -53,7 +57,7 @@ func (s *settings) describeRLS(w func(k, v string)) {
 	if s.rls == nil {
 		return
 	}
-	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits())))
+	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits (reloaded when it changes or on SIGHUP; hash %s)", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits()), s.rlsHash))
 }
 
 // grpcFront is the gRPC server: the rate-limit service, the health service
@@ -86,9 +90,9 @@ const readinessInterval = time.Second
 // AUTHLIMIT_RLS_CONFIG is set), for POST /json and ShouldRateLimit, and the
 // gRPC server (when AUTHLIMIT_GRPC_LISTEN is set), listening at once so
 // that a port in use stops authlimit at start.
-func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
+func (a *app) newFronts(s *settings) error {
 	if s.rls != nil {
-		svc, err := rls.New(rls.Options{Rules: a.sets, Engine: a.engine, Registry: reg})
+		svc, err := rls.New(rls.Options{Rules: a.sets, Engine: a.engine, Registry: a.reg})
 		if err != nil {
 			return err
 		}
