@@ -57,6 +57,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock returns the current time. Default time.Now.
 	Clock func() time.Time
+	// Observer, when set, is told every rule's answer to every decided
+	// request (see Observer). Default: none.
+	Observer Observer
 }
 
 // Engine decides requests. Build it with New; it is safe for concurrent
@@ -71,6 +74,7 @@ type Engine struct {
 	metrics      *metrics
 	log          *slog.Logger
 	clock        func() time.Time
+	observer     Observer
 
 	// kept are the live limits fronts made with NewLimit, in the order
 	// made: SetRules registers their policies with the rules' own, so
@@ -124,6 +128,7 @@ func New(opts Options) (*Engine, error) {
 		metrics:    m,
 		log:        opts.Logger,
 		clock:      opts.Clock,
+		observer:   opts.Observer,
 	}
 	e.set.Store(newRuleSet(opts.Rules, m))
 	return e, nil
@@ -278,6 +283,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 	defer o.finish()
 	now := e.clock()
 	if e.screen(set, in, o) {
+		o.seen(in)
 		e.decide(ctx, o, now)
 	}
 }
@@ -339,6 +345,7 @@ func (e *Engine) DecideAsync(in *Input, o *Outcome, then Then) bool {
 		then.Decided(o)
 		return true
 	}
+	o.seen(in)
 	return e.decideAsync(ad, o, now, then)
 }
 
@@ -639,6 +646,9 @@ func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.
 			costTooHigh = costTooHigh || r.Reason == algo.ReasonCostTooHigh
 		}
 		o.Results = append(o.Results, Result{Rule: o.ruleOf[i], Limit: o.limits[i], Shadow: shadow, Cost: o.reqs[i].EffectiveCost(), Result: r})
+	}
+	if e.observer != nil {
+		e.observe(o, res, now)
 	}
 	o.setHeaders(admitted, now)
 	if admitted {
