@@ -31,6 +31,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
@@ -182,6 +183,9 @@ type app struct {
 	rlsMetrics *rls.Metrics
 	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
 	admin *adminFront
+	// denials keeps the top limited clients, the denial log and the
+	// rules' rates.
+	denials *denials.Recorder
 }
 
 // hold holds a shaped request for d, or until shutdown begins. A shaped
@@ -296,13 +300,13 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		Registry:          reg,
 		Logger:            log,
 	}
+	var client redis.UniversalClient
 	if s.redisOptions == nil {
 		m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 		a.closers = append(a.closers, m.Close)
 		registerMemory(reg, m, "primary")
 		gopts.Store = m
 	} else {
-		var client redis.UniversalClient
 		if s.redisPlain != nil {
 			client = redis.NewClient(s.redisPlain)
 		} else {
@@ -362,7 +366,14 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	for _, r := range s.rules {
 		a.union.rules = append(a.union.rules, r.Policy)
 	}
+	a.denials, err = newDenials(s, reg, log, client)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.runDenials()
 	e, err := decide.New(decide.Options{
+		Observer:   a.denials,
 		Rules:      s.rules,
 		Decider:    a.union,
 		AllowCIDRs: s.allow,

@@ -111,7 +111,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep,
 		shape: pbwire.NewShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
-	s.scratch.New = func() any { return &scratch{srv: s} }
+	s.scratch.New = func() any { return &scratch{srv: s, out: decide.Outcome{Front: "ext_authz"}} }
 	return s, nil
 }
 

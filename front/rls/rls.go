@@ -122,7 +122,7 @@ func New(opts Options) (*Service, error) {
 			s.limits[l] = opts.Engine.NewLimit(l.Policy.Name(), l.Policy)
 		}
 	}
-	s.scratch.New = func() any { return &scratch{srv: s} }
+	s.scratch.New = func() any { return &scratch{srv: s, out: decide.Outcome{Front: "rls"}} }
 	return s, nil
 }
 
