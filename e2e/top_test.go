@@ -39,23 +39,33 @@ func admin(t *testing.T, addr, method, path string, headers ...string) (int, []b
 	return resp.StatusCode, b
 }
 
-// authAs asks an authlimit's /auth as a trusted proxy would for client.
+// authAs asks an authlimit's /auth as a trusted proxy would for client,
+// and returns the status.
 func authAs(t *testing.T, addr, client string) int {
 	t.Helper()
+	status, err := tryAuth(addr, client)
+	if err != nil {
+		t.Fatalf("/auth for %s: %v", client, err)
+	}
+	return status
+}
+
+// tryAuth is authAs for a goroutine of the test's own.
+func tryAuth(addr, client string) (int, error) {
 	req, err := http.NewRequest("GET", "http://"+addr+"/auth", nil)
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	req.Header.Set("X-Forwarded-For", client)
 	req.Header.Set("X-Forwarded-Method", "GET")
 	req.Header.Set("X-Forwarded-Uri", "/api/orders")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("/auth for %s: %v", client, err)
+		return 0, err
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode
+	return resp.StatusCode, nil
 }
 
 type topAnswer struct {
