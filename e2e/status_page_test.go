@@ -120,13 +120,16 @@ func TestStatusPage(t *testing.T) {
 	t.Cleanup(func() { close(stop); wg.Wait() })
 
 	page := "http://" + adminAddr + "/"
-	within(t, ctx, 30*time.Second, "open the page and enter the token", chromedp.Steps(
+	within(t, ctx, 30*time.Second, "open the page", chromedp.Steps(
 		chromedp.Navigate(page),
 		chromedp.WaitVisible(chromedp.ID("token")),
-		chromedp.SendKeys(chromedp.ID("token"), adminToken),
-		chromedp.Submit(chromedp.ID("token")),
-		chromedp.WaitVisible(chromedp.CSS(`section.rule[data-rule="per-ip"] tr.entry`)),
 	))
+	within(t, ctx, 30*time.Second, "enter the token", chromedp.Steps(
+		chromedp.SendKeys(chromedp.ID("token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
+	))
+	within(t, ctx, 30*time.Second, "see the top limited clients", chromedp.WaitVisible(chromedp.CSS(`section.rule[data-rule="per-ip"] tr.entry`)))
+	within(t, ctx, 10*time.Second, "see the token form go", chromedp.WaitNotVisible(chromedp.ID("login")))
 	// The token is kept for the tab only: in sessionStorage, not in
 	// localStorage, and a reload does not ask for it again.
 	if got := within(t, ctx, 10*time.Second, "read the storage", chromedp.Evaluate[string](
