@@ -42,7 +42,11 @@ func engineWith(t testing.TB, r *Recorder, src string) *decide.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := decide.New(decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Observer: r})
+	opts := decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429}
+	if r != nil {
+		opts.Observer = r
+	}
+	e, err := decide.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
