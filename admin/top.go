@@ -13,6 +13,7 @@ import (
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/guard"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // Top answers who is being limited: a denials.Recorder.
@@ -152,7 +153,11 @@ func (h *Handler) tagQuota(ctx *fasthttp.RequestCtx, reset bool) {
 		return
 	}
 	if reset {
-		h.log.Warn("admin reset a key's quota", "by", "admin token holder", "peer", peerOf(ctx), "rule", rule, "tag", tag)
+		shown := tag
+		if len(q) > 0 && q[0].Rule != nil && countsByHeader(q[0].Rule) {
+			shown = denials.KeyHash([]byte(tag)) // it may be a credential
+		}
+		h.log.Warn("admin reset a key's quota", "by", "admin token holder", "peer", peerOf(ctx), "rule", rule, "key", shown)
 		writeJSON(ctx, fasthttp.StatusOK, struct {
 			Tag   string     `json:"tag"`
 			Reset []ruleJSON `json:"reset"`
@@ -163,4 +168,15 @@ func (h *Handler) tagQuota(ctx *fasthttp.RequestCtx, reset bool) {
 		Tag   string     `json:"tag"`
 		Rules []ruleJSON `json:"rules"`
 	}{tag, rulesJSON(q, true)})
+}
+
+// countsByHeader reports whether r's key has a header part, which may be a
+// credential.
+func countsByHeader(r *rules.Rule) bool {
+	for _, p := range r.Key {
+		if p.Kind == rules.PartHeader {
+			return true
+		}
+	}
+	return false
 }

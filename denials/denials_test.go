@@ -308,3 +308,32 @@ func (fakeExchange) Publish(context.Context, string, []Blob) error { return nil 
 func (fakeExchange) Fetch(context.Context, []WindowID) ([]map[string][]byte, error) {
 	return nil, nil
 }
+
+// failingExchange fails every call.
+type failingExchange struct{}
+
+func (failingExchange) Publish(context.Context, string, []Blob) error {
+	return fmt.Errorf("redis down")
+}
+func (failingExchange) Fetch(context.Context, []WindowID) ([]map[string][]byte, error) {
+	return nil, fmt.Errorf("redis down")
+}
+
+// TestTopWithoutTheExchange: when the other replicas' summaries cannot be
+// read, Top answers with this replica's own and says why; a failed publish
+// is sent again at the next one.
+func TestTopWithoutTheExchange(t *testing.T) {
+	c := &clock{t: time.Unix(1e9, 0)}
+	r, _ := newTestRecorder(t, c, Options{Exchange: failingExchange{}, Replica: "a", ShareInterval: time.Second})
+	r.Observe(deny("r", "k", "", c.now()))
+	a := r.Top(context.Background(), "r", 10)
+	if a.Shared || a.ShareError != "redis down" || entriesString(a.Current.Entries) != "k=1" || a.Current.Replicas != 1 {
+		t.Errorf("answer %+v; want this replica's k=1, unshared, with the error", a)
+	}
+	if err := r.Publish(context.Background()); err == nil {
+		t.Fatal("Publish through a failing exchange: no error")
+	}
+	if _, dirty := r.local(r.window(c.now()), false); !dirty {
+		t.Error("a failed publish left nothing to publish again")
+	}
+}
