@@ -41,7 +41,7 @@ func (s *settings) describeTop(w func(k, v string)) {
 	if s.redisOptions != nil {
 		share = fmt.Sprintf("shared through Redis every %s", s.TopShareInterval)
 	}
-	w("top limited", fmt.Sprintf("%d keys per rule and %s window, %s; at most %d KiB per rule", s.TopSize, s.TopWindow, share, denials.SummaryBytes(s.TopSize)>>10))
+	w("top limited", fmt.Sprintf("%d keys per rule and %s window, %s; at most %d bytes per rule", s.TopSize, s.TopWindow, share, denials.SummaryBytes(s.TopSize)))
 	switch {
 	case s.DenialLogRate == 0:
 		w("denial log", "off (AUTHLIMIT_DENIAL_LOG_RATE=0)")

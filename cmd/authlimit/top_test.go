@@ -31,7 +31,7 @@ func TestTopSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := s.describe()
-	for _, want := range []string{"top limited      1000 keys per rule and 1h0m0s window, this instance only (no Redis); at most 320 KiB per rule", "denial log       off (AUTHLIMIT_DENIAL_LOG_RATE=0)"} {
+	for _, want := range []string{"top limited      1000 keys per rule and 1h0m0s window, this instance only (no Redis); at most 328384 bytes per rule", "denial log       off (AUTHLIMIT_DENIAL_LOG_RATE=0)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("-check does not say %q:\n%s", want, out)
 		}
