@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/denials/redisshare"
@@ -54,7 +54,7 @@ func (s *settings) describeTop(w func(k, v string)) {
 
 // newDenials builds the recorder of denials; client, when not nil, is the
 // Redis it shares its summaries through.
-func newDenials(s *settings, reg prometheus.Registerer, log *slog.Logger, client redis.UniversalClient) (*denials.Recorder, error) {
+func newDenials(s *settings, reg prometheus.Registerer, log *slog.Logger, client goredis.UniversalClient) (*denials.Recorder, error) {
 	opts := denials.Options{
 		Size:          s.TopSize,
 		Window:        s.TopWindow,
