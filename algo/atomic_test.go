@@ -391,3 +391,40 @@ func TestShadowRulesCountButNeverDeny(t *testing.T) {
 		}
 	}
 }
+
+// TestOnePolicyTwoKeys: one policy may count two keys in one decision,
+// each in its own state, all or nothing, for every algorithm.
+func TestOnePolicyTwoKeys(t *testing.T) {
+	clock := newFakeClock(epoch.Add(5 * time.Minute))
+	ctx := context.Background()
+	for _, st := range bothStores(t, clock) {
+		for _, a := range Algorithms() {
+			name := fmt.Sprintf("%s/%s", st.name, a)
+			t.Run(name, func(t *testing.T) {
+				p := mustPolicy(t, Spec{Name: "two-" + a.String(), Algorithm: a, Limit: 3, Window: time.Minute})
+				k1, k2 := []byte(name+"-1"), []byte(name+"-2")
+				// k2 spends 2 of its 3 alone first.
+				for i := 0; i < 2; i++ {
+					decideOne(t, st.store, Request{Policy: p, Key: k2})
+				}
+				both := []Request{{Policy: p, Key: k1}, {Policy: p, Key: k2}}
+				res := make([]Result, 2)
+				ok, err := st.store.Decide(ctx, both, res)
+				if err != nil || !ok {
+					t.Fatalf("first decision of both = %v, %v (%+v), want admitted", ok, err, res)
+				}
+				if res[0].Remaining != 2 || res[1].Remaining != 0 {
+					t.Fatalf("first decision of both: remaining %d and %d, want 2 and 0", res[0].Remaining, res[1].Remaining)
+				}
+				ok, err = st.store.Decide(ctx, both, res)
+				if err != nil || ok || !res[0].Allowed || res[1].Allowed {
+					t.Fatalf("second decision of both = %v, %v (%+v), want denied by k2 alone", ok, err, res)
+				}
+				// The denial consumed nothing of k1.
+				if got := decideOne(t, st.store, Request{Policy: p, Key: k1}).Remaining; got != 1 {
+					t.Errorf("k1 alone afterwards: Remaining = %d, want 1", got)
+				}
+			})
+		}
+	}
+}

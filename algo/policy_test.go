@@ -148,7 +148,7 @@ func TestDecideRejectsBadRequests(t *testing.T) {
 			{"cost 2^62", []Request{{Policy: a, Key: []byte("k"), Cost: 1 << 62}}, 1},
 			{"short result slice", []Request{{Policy: a, Key: []byte("k")}}, 0},
 			{"nil policy", []Request{{Key: []byte("k")}}, 1},
-			{"policy twice", []Request{{Policy: a, Key: []byte("k")}, {Policy: a, Key: []byte("j")}}, 2},
+			{"policy twice for one key", []Request{{Policy: a, Key: []byte("k")}, {Policy: a, Key: []byte("j")}, {Policy: a, Key: []byte("k")}}, 3},
 			{"a key that is not a tag", []Request{{Policy: a, Key: []byte("{k}")}}, 1},
 			{"an empty key", []Request{{Policy: a, Key: nil}}, 1},
 			{"too many rules", make([]Request, MaxRules+1), MaxRules + 1},

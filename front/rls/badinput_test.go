@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 )
 
@@ -60,15 +62,6 @@ descriptors:
 			{"no descriptors", &pb.RateLimitRequest{Domain: "another"}, codes.InvalidArgument, "rate limit descriptor list must not be empty"},
 			{"too many descriptors", &pb.RateLimitRequest{Domain: "another", Descriptors: many(MaxDescriptors + 1)}, codes.InvalidArgument, "65 descriptors; the most is 64"},
 			{"too many entries", &pb.RateLimitRequest{Domain: "another", Descriptors: append(many(1), longEntries)}, codes.InvalidArgument, "descriptor 1 has 65 entries; the most is 64"},
-			{"too many limits", &pb.RateLimitRequest{Domain: "twice", Descriptors: append(many(1), func() []*rlDesc {
-				var ds []*rlDesc
-				for i := 0; i < 33; i++ {
-					ds = append(ds, desc("k", "v"))
-				}
-				return ds
-			}()...)}, codes.InvalidArgument, "66 limits apply to the request; the most is 64"},
-			{"one limit twice", &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlDesc{desc("key2", "a"), desc("key3", "b"), desc("key2", "c")}}, codes.InvalidArgument, "descriptors 0 and 2 reach the same limit (another.key2); a request may reach a limit once"},
-			{"override without unit", &pb.RateLimitRequest{Domain: "another", Descriptors: append(many(1), withOverride(desc("key2", "bad"), 5, typepb.RateLimitUnit_UNKNOWN))}, codes.InvalidArgument, "descriptor 1: override: 0 is not a unit"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, err := e.client.ShouldRateLimit(context.Background(), tc.req)
@@ -221,4 +214,76 @@ func TestCallerDeadlineDoesNotTripTheBreaker(t *testing.T) {
 		}
 		check(t, "after", e.ask(t, "another", desc("key2", "hurry")), ok, st{ok, "20/minute", 16})
 	})
+}
+
+// TestClientInputIsAnAnswer: what the values of a request decide is never
+// an error, which Envoy's rate-limit filter admits: two descriptors that
+// reach one limit are each counted, as envoyproxy/ratelimit counts them; a
+// request reaching more limits than one decision holds, and an override
+// that cannot be served, are over the limit and count nothing.
+func TestClientInputIsAnAnswer(t *testing.T) {
+	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
+		e := start(t, kind, another, `
+domain: twice
+descriptors:
+  - {key: k, rate_limit: {unit: minute, requests_per_unit: 5}}
+  - {key: k, rate_limit: {unit: hour, requests_per_unit: 50}}
+  - key: user
+    value: "*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 4}
+`)
+		awayFromWindowEdge(t, time.Minute, 15*time.Second)
+		// One limit, two keys: two counts.
+		check(t, "key2 a, key3 b, key2 c", e.ask(t, "another", desc("key2", "a"), desc("key3", "b"), desc("key2", "c")), ok,
+			st{ok, "20/minute", 19}, st{ok, "10/hour", 9}, st{ok, "20/minute", 19})
+		check(t, "key2 a after", e.ask(t, "another", desc("key2", "a")), ok, st{ok, "20/minute", 18})
+		check(t, "key2 c after", e.ask(t, "another", desc("key2", "c")), ok, st{ok, "20/minute", 18})
+		// One limit, one key: one count of both costs.
+		check(t, "key2 a twice", e.ask(t, "another", desc("key2", "a"), desc("key2", "a")), ok,
+			st{ok, "20/minute", 16}, st{ok, "20/minute", 16})
+		// ... and of a share_threshold pattern's values, one key.
+		check(t, "user u6 and x1", e.ask(t, "twice", desc("user", "u6"), desc("user", "x1")), ok,
+			st{ok, "4/minute", 2}, st{ok, "4/minute", 2})
+		check(t, "user u6 and x1 again", e.ask(t, "twice", desc("user", "u6"), desc("user", "x1")), ok,
+			st{ok, "4/minute", 0}, st{ok, "4/minute", 0})
+		check(t, "user u6 and x1 a third time", e.ask(t, "twice", desc("user", "u6"), desc("user", "x1")), over,
+			st{over, "4/minute", 0}, st{over, "4/minute", 0})
+
+		// 33 descriptors of two limits each: 66 limits, more than one
+		// decision holds.
+		var many []*rlDesc
+		for i := 0; i < 33; i++ {
+			many = append(many, desc("k", fmt.Sprintf("v%d", i)))
+		}
+		r := e.ask(t, "twice", many...)
+		if r.GetOverallCode() != over {
+			t.Fatalf("66 limits: %v, want OVER_LIMIT", r.GetOverallCode())
+		}
+		for i, s := range r.GetStatuses() {
+			if got := statusOf(s); got != (st{over, "5/minute", 0}) {
+				t.Fatalf("66 limits, status %d: %v, want OVER_LIMIT 5/minute", i, got)
+			}
+		}
+		check(t, "v0 after", e.ask(t, "twice", desc("k", "v0")), ok, st{ok, "5/minute", 4})
+
+		// An override that is not a unit.
+		check(t, "override without a unit", e.ask(t, "another", desc("key2", "bad"), withOverride(desc("key2", "bad"), 5, typepb.RateLimitUnit_UNKNOWN)), over,
+			st{ok, "", 0}, st{over, "5/unknown", 0})
+		check(t, "key2 bad after", e.ask(t, "another", desc("key2", "bad")), ok, st{ok, "20/minute", 19})
+	})
+}
+
+// TestTooManyOverrides: past envoyconf.MaxOverrides distinct overrides, a
+// new one is over the limit, and the ones known still count.
+func TestTooManyOverrides(t *testing.T) {
+	e := start(t, memoryStore, another)
+	awayFromWindowEdge(t, time.Minute, 15*time.Second)
+	for i := 1; i <= envoyconf.MaxOverrides; i++ {
+		e.ask(t, "another", withOverride(desc("key2", "o"), uint32(i+100), typepb.RateLimitUnit_MINUTE))
+	}
+	check(t, "one override more", e.ask(t, "another", withOverride(desc("key2", "o"), 7, typepb.RateLimitUnit_MINUTE)), over,
+		st{over, "7/minute", 0})
+	check(t, "a known override", e.ask(t, "another", withOverride(desc("key2", "o"), 101, typepb.RateLimitUnit_MINUTE)), ok,
+		st{ok, "101/minute", 99})
 }
