@@ -39,8 +39,10 @@ package rls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +53,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
@@ -87,6 +90,10 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Clock returns the current time. Default time.Now.
 	Clock func() time.Time
+	// ResponseMetadata answers with dynamic_metadata, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does (see
+	// setMetadata).
+	ResponseMetadata bool
 }
 
 // Service is the rate-limit service.
@@ -102,6 +109,7 @@ type Service struct {
 	overrides sync.Map // *envoyconf.Limit → *decide.Limit
 	metrics   *Metrics
 	clock     func() time.Time
+	metadata  bool // Options.ResponseMetadata
 	scratch   sync.Pool     // *scratch
 	shape     *pbwire.Shape // RateLimitRequest's, for readRequest
 }
@@ -124,7 +132,7 @@ func New(opts Options) (*Service, error) {
 			return nil, err
 		}
 	}
-	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock,
+	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock, metadata: opts.ResponseMetadata,
 		shape: pbwire.NewShape((&pb.RateLimitRequest{}).ProtoReflect().Descriptor())}
 	for _, l := range opts.Config.Limits() {
 		if l.Policy != nil {
@@ -217,7 +225,7 @@ func (s *Service) release(sc *scratch) {
 	clear(sc.apps[:cap(sc.apps)])
 	clear(sc.reqs[:cap(sc.reqs)])
 	clear(sc.ans.statuses[:cap(sc.ans.statuses)])
-	sc.ans.headers = nil
+	sc.ans.headers, sc.ans.metadata = nil, nil
 	sc.reply, sc.resp = nil, nil
 	s.scratch.Put(sc)
 }
@@ -344,7 +352,7 @@ func (s *Service) begin(sc *scratch, now time.Time) (ask, failedOpen bool, err e
 	}
 	denyAll := false // an enforcing limit of 0 per unit, or a refused one, denies the request
 	for _, a := range sc.apps {
-		denyAll = denyAll || (a.refused || a.limit.DeniesAll()) && !a.limit.Shadow && !s.engine.Shadow()
+		denyAll = denyAll || (a.refused || a.limit.DeniesAll()) && !a.limit.Shadow && !a.limit.Quota && !s.engine.Shadow()
 	}
 	if denyAll {
 		// Denied whatever the store says: nothing is asked or counted.
@@ -365,7 +373,7 @@ func (s *Service) conclude(sc *scratch, out *decide.Outcome, now time.Time) (fai
 		s.respond(r, sc, out, now)
 		return false, nil
 	case decide.FailedOpen:
-		openResponse(r, sc)
+		s.openResponse(r, sc)
 		return true, nil
 	case decide.Unavailable:
 		return false, status.Error(codes.Unavailable, "the rate-limit store could not decide; retry shortly")
@@ -457,7 +465,9 @@ func (s *Service) request(sc *scratch, l *envoyconf.Limit, key []byte, from int,
 			}
 		}
 	}
-	sc.reqs = append(sc.reqs, decide.LimitRequest{Limit: s.limit(l), Cost: cost, Shadow: l.Shadow})
+	// A quota limit does not deny alone: the engine decides it as a
+	// shadow, and respond weighs the quota descriptors together.
+	sc.reqs = append(sc.reqs, decide.LimitRequest{Limit: s.limit(l), Cost: cost, Shadow: l.Shadow || l.Quota})
 	sc.spans = append(sc.spans, span{from, from + len(key)})
 	return len(sc.reqs) - 1
 }
@@ -552,11 +562,31 @@ func (s *Service) respond(r *request, sc *scratch, out *decide.Outcome, now time
 			reset = q.RetryAfter
 		}
 		st.hasReset, st.reset = true, reset.Round(time.Second)
-		st.overLimit = !q.Allowed && !q.Shadow
+		st.overLimit = !q.Allowed && !l.Shadow && !s.engine.Shadow()
 	}
-	for _, st := range a.statuses {
-		a.overLimit = a.overLimit || st.overLimit
+	// Over the limit: a descriptor that is not in quota mode, or every
+	// one that is, as envoyproxy/ratelimit answers.
+	var quotaBuf [MaxDescriptors]bool
+	quota := quotaBuf[:r.ndesc]
+	for _, ap := range sc.apps {
+		quota[ap.desc] = quota[ap.desc] || ap.limit.Quota
 	}
+	quotas, quotasOver := 0, 0
+	for i, st := range a.statuses {
+		switch {
+		case quota[i]:
+			quotas++
+			if st.overLimit {
+				quotasOver++
+			}
+		case st.overLimit:
+			a.overLimit = true
+		}
+	}
+	if quotas > 0 && quotasOver == quotas {
+		a.overLimit = true
+	}
+	s.setMetadata(r, sc)
 	if out == nil {
 		return
 	}
@@ -569,7 +599,7 @@ func (s *Service) respond(r *request, sc *scratch, out *decide.Outcome, now time
 
 // openResponse answers when the store cannot decide and the fail mode
 // admits, into sc.ans: OK for every descriptor, without counts.
-func openResponse(r *request, sc *scratch) {
+func (s *Service) openResponse(r *request, sc *scratch) {
 	a := &sc.ans
 	a.statuses = slices.Grow(a.statuses[:0], r.ndesc)[:r.ndesc]
 	clear(a.statuses)
@@ -578,6 +608,7 @@ func openResponse(r *request, sc *scratch) {
 			a.statuses[ap.desc].remaining = math.MaxUint32
 		}
 	}
+	s.setMetadata(r, sc)
 }
 
 // message is a as a RateLimitResponse. The headers' values become one
@@ -597,6 +628,7 @@ func message(a *answer, buf []byte) (*pb.RateLimitResponse, []byte) {
 			st.DurationUntilReset = rp.duration(x.reset)
 		}
 	}
+	resp.DynamicMetadata = a.metadata
 	return resp, rp.setHeaders(a.headers, buf)
 }
 
@@ -692,7 +724,7 @@ func (s *Service) rank(a applied, res []decide.Result) int64 {
 		return -2
 	case a.req < 0 || res == nil || res[a.req].NotDecided:
 		return math.MaxInt64
-	case !res[a.req].Allowed && !res[a.req].Shadow:
+	case !res[a.req].Allowed && !a.limit.Shadow && !s.engine.Shadow():
 		return -1
 	}
 	return res[a.req].Remaining
@@ -706,4 +738,73 @@ func untilWindowEnd(u envoyconf.Unit, now time.Time) time.Duration {
 		return 0 // not a unit
 	}
 	return time.Duration(w-now.Unix()%w) * time.Second
+}
+
+// setMetadata sets sc.ans's dynamic_metadata when the service answers
+// with it, as envoyproxy/ratelimit writes it: the domain; each
+// descriptor's entries ("key=value"), its limit override and its
+// hits_addend; the request's hits_addend; and the metadata of the limits
+// of every descriptor that is not over its limit (nor unlimited), merged
+// in the order of the descriptors: a nested mapping merges, any other
+// value is the first one's. Its strings are copies: the response outlives
+// the request's bytes.
+func (s *Service) setMetadata(r *request, sc *scratch) {
+	if !s.metadata {
+		return
+	}
+	a := &sc.ans
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(strings.Clone(r.domain))}
+	descs := make([]*structpb.Value, 0, len(r.descs))
+	for i := range r.descs {
+		d := &r.descs[i]
+		if d.null {
+			continue
+		}
+		entries := make([]*structpb.Value, 0, d.to-d.from)
+		for _, e := range r.entries[d.from:d.to] {
+			entries = append(entries, structpb.NewStringValue(e.Key+"="+e.Value))
+		}
+		df := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if d.override {
+			df["limit"] = structpb.NewStringValue(fmt.Sprintf("requests_per_unit:%d unit:%s", d.rpu, pb.RateLimitResponse_RateLimit_Unit(d.unit)))
+		}
+		if d.addend {
+			df["hitsAddend"] = structpb.NewNumberValue(float64(d.hits))
+		}
+		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: df}))
+	}
+	fields["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: descs})
+	if r.hits != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(r.hits))
+	}
+	passed := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i, st := range a.statuses {
+		if st.overLimit || st.remaining == math.MaxUint32 && st.limit == nil {
+			continue
+		}
+		for _, ap := range sc.apps {
+			if ap.desc == i && ap.limit.Metadata != nil {
+				mergeMetadata(passed, ap.limit.Metadata)
+			}
+		}
+	}
+	if len(passed.Fields) > 0 {
+		fields["metadata"] = structpb.NewStructValue(passed)
+	}
+	a.metadata = &structpb.Struct{Fields: fields}
+}
+
+// mergeMetadata merges src into dst: a key dst lacks is added (a copy, so
+// that a later merge never changes the configuration's), two mappings
+// merge, and any other key keeps dst's value.
+func mergeMetadata(dst, src *structpb.Struct) {
+	for k, v := range src.GetFields() {
+		have, ok := dst.Fields[k]
+		switch {
+		case !ok:
+			dst.Fields[k] = proto.Clone(v).(*structpb.Value)
+		case have.GetStructValue() != nil && v.GetStructValue() != nil:
+			mergeMetadata(have.GetStructValue(), v.GetStructValue())
+		}
+	}
 }

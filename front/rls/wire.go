@@ -5,6 +5,8 @@ import (
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
@@ -106,6 +108,7 @@ const (
 	responseOverallCode = 1 // RateLimitResponse.overall_code
 	responseStatuses    = 2 // RateLimitResponse.statuses
 	responseHeaders     = 3 // RateLimitResponse.response_headers_to_add
+	responseMetadata    = 6 // RateLimitResponse.dynamic_metadata
 	statusCode          = 1 // DescriptorStatus.code
 	statusCurrentLimit  = 2 // DescriptorStatus.current_limit
 	statusRemaining     = 3 // DescriptorStatus.limit_remaining
@@ -188,6 +191,7 @@ type answer struct {
 	overLimit bool
 	statuses  []descStatus // one per descriptor, in order
 	headers   []decide.Header
+	metadata  *structpb.Struct // dynamic_metadata; nil for none
 }
 
 // descStatus is a DescriptorStatus.
@@ -256,6 +260,13 @@ func appendResponse(b []byte, a *answer) []byte {
 		b = protowire.AppendTag(b, responseHeaders, bytesType)
 		b = protowire.AppendVarint(b, uint64(pbwire.HeaderValueLen(h.Name, h.Value)))
 		b = pbwire.AppendHeaderValue(b, h.Name, h.Value)
+	}
+	if a.metadata != nil {
+		b = protowire.AppendTag(b, responseMetadata, bytesType)
+		// Its map's keys in order; a Struct of Values always marshals.
+		m := proto.MarshalOptions{Deterministic: true}
+		b = protowire.AppendVarint(b, uint64(m.Size(a.metadata)))
+		b, _ = m.MarshalAppend(b, a.metadata)
 	}
 	return b
 }
