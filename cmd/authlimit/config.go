@@ -38,8 +38,8 @@ const maxBreakerBackoff = time.Second
 // config is authlimit's whole configuration, read from AUTHLIMIT_*
 // variables. Its tags hold every default authlimit has, but those a package
 // it configures owns, which defaultConfig takes from that package: the
-// packages take every value from config. README documents every field and
-// its default; TestREADMEDocumentsEveryVariable keeps the two in step.
+// packages take every value from config. docs/configuration.md documents every field
+// and its default; TestDocsDocumentEveryVariable keeps the two in step.
 type config struct {
 	Listen   string `env:"LISTEN" envDefault:":8080"`
 	RedisURL string `env:"REDIS_URL"`
