@@ -19,6 +19,13 @@
 // asked, is OK without a current limit: a hits_addend of 0, or a limit of 0
 // elsewhere in the request (which denies it before the store is asked).
 //
+// A descriptor in quota_mode (envoyconf.Limit.Quota) is decided as a
+// shadow limit: its status says whether it is over, and the request is
+// over the limit for the quota descriptors only when every one of them
+// is, as envoyproxy/ratelimit answers. With Options.ResponseMetadata, the
+// answer carries envoyproxy/ratelimit's dynamic_metadata (see
+// setMetadata).
+//
 // No value a client controls makes an error, which Envoy's rate-limit
 // filter would admit (failure_mode_deny: false): two descriptors that
 // reach one limit are each counted; an override that cannot be served (not
