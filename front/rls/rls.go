@@ -116,7 +116,7 @@ type Service struct {
 	overrides sync.Map // *envoyconf.Limit → *decide.Limit
 	metrics   *Metrics
 	clock     func() time.Time
-	metadata  bool // Options.ResponseMetadata
+	metadata  bool          // Options.ResponseMetadata
 	scratch   sync.Pool     // *scratch
 	shape     *pbwire.Shape // RateLimitRequest's, for readRequest
 }
