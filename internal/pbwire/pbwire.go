@@ -36,8 +36,11 @@ func Each(b []byte, f func(protowire.Number, protowire.Type, []byte, uint64)) {
 	}
 }
 
-// Str is b as a string, without a copy: for a request's bytes, which
-// outlive the call that reads them.
+// Str is b as a string, without a copy, for reading a request's fields
+// while its call lasts: front/grpcwire returns the request's buffer to a
+// pool once the call is answered, and the next call's bytes overwrite it.
+// A string that must outlive the call (kept by the handler, put in a
+// response built later) must be copied (strings.Clone).
 func Str(b []byte) string {
 	if len(b) == 0 {
 		return ""
