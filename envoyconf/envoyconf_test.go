@@ -432,16 +432,11 @@ func TestQuotaModeAndMetadata(t *testing.T) {
 	c, err := Parse([]File{{Name: "q.yaml", Data: []byte(`
 domain: q
 descriptors:
+  - {key: plain, rate_limit: {unit: minute, requests_per_unit: 1}}
   - key: service
     value: service_1
     quota_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
-    metadata:
-      service_with_quota:
-        name: "service_1"
-        weight: 3
-        tags: [a, b]
-  - key: plain
+    metadata: {service_with_quota: {name: service_1, weight: 3, tags: [a, b]}}
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)}})
 	if err != nil {

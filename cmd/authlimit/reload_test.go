@@ -465,14 +465,7 @@ func TestSIGHUP(t *testing.T) {
 // keeps its window across a reload, or takes a new name; the other
 // algorithms' state means the same under any window.
 func TestWindowChangeRefused(t *testing.T) {
-	parse := func(text string) []*rules.Rule {
-		t.Helper()
-		rs, err := rules.Parse(text)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rs
-	}
+	parse := func(text string) []*rules.Rule { return mustRules(t, text) }
 	old := parse("name=a limit=10/1m algorithm=fixed_window; name=b limit=10/1m; name=c limit=10/1m algorithm=gcra; name=d limit=10/1m algorithm=sliding_window_log; " +
 		"name=e key=header:K limit=10/1m algorithm=fixed_window tier=header:X-Plan; tier rule=e name=pro limit=20/1m; override rule=e key=k1 limit=30/1m")
 	tests := []struct {
@@ -507,14 +500,7 @@ func TestWindowChangeRefused(t *testing.T) {
 // algorithm, or no such rule, and back with a new window. Once two old
 // windows have passed, the state is gone and the new window is taken.
 func TestWindowChangeNotSlippedThrough(t *testing.T) {
-	parse := func(text string) []*rules.Rule {
-		t.Helper()
-		rs, err := rules.Parse(text)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rs
-	}
+	parse := func(text string) []*rules.Rule { return mustRules(t, text) }
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	for _, between := range []string{"name=a limit=10/1m algorithm=token_bucket", "name=other limit=10/1m"} {
 		t.Run(between, func(t *testing.T) {
@@ -597,4 +583,14 @@ func TestReloadLeavesRequestsInFlight(t *testing.T) {
 	if got.elapsed < 3*time.Second {
 		t.Errorf("the held request took %v, want its turn of about 5s under the old rules", got.elapsed)
 	}
+}
+
+// mustRules parses rules the test knows are right.
+func mustRules(t *testing.T, text string) []*rules.Rule {
+	t.Helper()
+	rs, err := rules.Parse(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
 }

@@ -32,14 +32,17 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 }
 func (rawCodec) Name() string { return "proto" }
 
-func TestBadInput(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind storeKind) {
-		e := start(t, kind, another, `
+// twice is a domain whose descriptor k has two limits.
+const twice = `
 domain: twice
 descriptors:
   - {key: k, rate_limit: {unit: minute, requests_per_unit: 5}}
   - {key: k, rate_limit: {unit: hour, requests_per_unit: 50}}
-`)
+`
+
+func TestBadInput(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind storeKind) {
+		e := start(t, kind, another, twice)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
 		many := func(n int) []*rlDesc {
 			var ds []*rlDesc
@@ -223,11 +226,7 @@ func TestCallerDeadlineDoesNotTripTheBreaker(t *testing.T) {
 // that cannot be served, are over the limit and count nothing.
 func TestClientInputIsAnAnswer(t *testing.T) {
 	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
-		e := start(t, kind, another, `
-domain: twice
-descriptors:
-  - {key: k, rate_limit: {unit: minute, requests_per_unit: 5}}
-  - {key: k, rate_limit: {unit: hour, requests_per_unit: 50}}
+		e := start(t, kind, another, twice+`
   - key: user
     value: "*"
     share_threshold: true
