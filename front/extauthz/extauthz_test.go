@@ -2,6 +2,7 @@ package extauthz
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
@@ -694,6 +696,36 @@ func TestCheckBadInput(t *testing.T) {
 	}
 	if a := st.viaCheck(t, step{}, true); a.status != 200 {
 		t.Errorf("after the bad input: %d, want 200", a.status)
+	}
+}
+
+// TestCheckHeaderNotUTF8: Envoy puts a client's header value in the
+// joined headers as it came, bytes above 0x7f included, which
+// proto.Unmarshal refuses in a string: Check decides it by its bytes, as
+// /auth does the same value, and never answers an error (which
+// failure_mode_allow admits).
+func TestCheckHeaderNotUTF8(t *testing.T) {
+	st := newStack(t, backend{name: "memory"}, "name=k key=header:X-Key limit=1/1h", nil)
+	req, err := proto.Marshal(checkRequest(step{headers: []string{"X-Key", "PLACEHOLDER"}}, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := bytes.Replace(req, []byte("PLACEHOLDER"), []byte("\xffvictim123\xfe"), 1)
+	if len(raw) != len(req) {
+		t.Fatal("the placeholder is not in the request")
+	}
+	for i, want := range []int{200, 429} {
+		var out []byte
+		if err := st.conn.Invoke(context.Background(), CheckMethod, raw, &out, grpc.ForceCodec(rawCodec{})); err != nil {
+			t.Fatalf("request %d: %v, want an answer", i+1, err)
+		}
+		var resp authv3.CheckResponse
+		if err := proto.Unmarshal(out, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if a := fromCheck(t, &resp); a.status != want {
+			t.Errorf("request %d: %d %s, want %d", i+1, a.status, a.body, want)
+		}
 	}
 }
 

@@ -760,7 +760,7 @@ func (s *Service) setMetadata(r *request, sc *scratch) {
 		return
 	}
 	a := &sc.ans
-	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(strings.Clone(r.domain))}
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(metadataString(r.domain))}
 	descs := make([]*structpb.Value, 0, len(r.descs))
 	for i := range r.descs {
 		d := &r.descs[i]
@@ -769,7 +769,7 @@ func (s *Service) setMetadata(r *request, sc *scratch) {
 		}
 		entries := make([]*structpb.Value, 0, d.to-d.from)
 		for _, e := range r.entries[d.from:d.to] {
-			entries = append(entries, structpb.NewStringValue(e.Key+"="+e.Value))
+			entries = append(entries, structpb.NewStringValue(metadataString(e.Key+"="+e.Value)))
 		}
 		df := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
 		if d.override {
@@ -799,6 +799,13 @@ func (s *Service) setMetadata(r *request, sc *scratch) {
 		fields["metadata"] = structpb.NewStructValue(passed)
 	}
 	a.metadata = &structpb.Struct{Fields: fields}
+}
+
+// metadataString is s as dynamic_metadata holds it: a copy, the request's
+// bytes being pooled once the call is answered, valid UTF-8 as a protobuf
+// string must be (a descriptor's value is a client's header as sent).
+func metadataString(s string) string {
+	return strings.Clone(strings.ToValidUTF8(s, "\uFFFD"))
 }
 
 // mergeMetadata merges src into dst: a key dst lacks is added (a copy, so

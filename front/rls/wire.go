@@ -123,13 +123,14 @@ const (
 // readRequest reads the RateLimitRequest encoded in b into r as
 // fromMessage reads the decoded message, without decoding it: r's strings
 // point into b. It reports false, with r unspecified, when it cannot vouch
-// that proto.Unmarshal decodes b without an error (see pbwire.WellFormed;
+// that proto.Unmarshal decodes b without an error but for strings that
+// are not UTF-8, which it reads as the bytes Envoy sent (see pbwire.Readable;
 // sh is RateLimitRequest's shape): the caller then decodes it whole. A
 // field of another wire type than its own is an unknown field, as
 // proto.Unmarshal keeps it; a singular message that occurs twice is merged,
 // its scalars the last seen.
 func readRequest(r *request, b []byte, sh *pbwire.Shape) bool {
-	if !pbwire.WellFormed(sh, b) {
+	if !pbwire.Readable(sh, b) {
 		return false
 	}
 	r.reset()
@@ -262,11 +263,13 @@ func appendResponse(b []byte, a *answer) []byte {
 		b = pbwire.AppendHeaderValue(b, h.Name, h.Value)
 	}
 	if a.metadata != nil {
-		b = protowire.AppendTag(b, responseMetadata, bytesType)
-		// Its map's keys in order; a Struct of Values always marshals.
-		m := proto.MarshalOptions{Deterministic: true}
-		b = protowire.AppendVarint(b, uint64(m.Size(a.metadata)))
-		b, _ = m.MarshalAppend(b, a.metadata)
+		// Its map's keys in order. Its strings are UTF-8 (see
+		// metadataString), so it marshals; one that did not would be
+		// left out rather than the answer.
+		if mb, err := (proto.MarshalOptions{Deterministic: true}).Marshal(a.metadata); err == nil {
+			b = protowire.AppendTag(b, responseMetadata, bytesType)
+			b = protowire.AppendBytes(b, mb)
+		}
 	}
 	return b
 }

@@ -134,6 +134,12 @@ func differs(b []byte) string {
 	if !readRequest(&fast, b, requestShape) {
 		return ""
 	}
+	if !pbwire.WellFormed(requestShape, b) {
+		// A string not UTF-8, which proto.Unmarshal refuses and
+		// readRequest reads by its bytes (pbwire.Readable): nothing
+		// to compare with.
+		return ""
+	}
 	var m pb.RateLimitRequest
 	if err := proto.Unmarshal(b, &m); err != nil {
 		return fmt.Sprintf("readRequest vouches for %x, which proto.Unmarshal refuses: %v", b, err)

@@ -124,10 +124,21 @@ func (sh *Shape) field(n protowire.Number) fieldShape {
 // (groups, a packed list, a message with extensions, a file not proto3,
 // messages nested deeper than maxDepth) it does not vouch for.
 func WellFormed(sh *Shape, b []byte) bool {
-	return wellFormed(sh, b, 0)
+	return wellFormed(sh, b, 0, true)
 }
 
-func wellFormed(sh *Shape, b []byte, depth int) bool {
+// Readable reports whether b is a message of shape sh that WellFormed
+// vouches for, but for strings that are not UTF-8, which proto.Unmarshal
+// refuses: Envoy sends them as it has them (a client's header value of
+// bytes above 0x7f, in a descriptor entry or a header). A front that reads
+// such a message by its bytes gives them the meaning the sender gave them,
+// where decoding it would end in an error, which a proxy may take as an
+// admission.
+func Readable(sh *Shape, b []byte) bool {
+	return wellFormed(sh, b, 0, false)
+}
+
+func wellFormed(sh *Shape, b []byte, depth int, utf8Strings bool) bool {
 	if depth > maxDepth || !sh.vouch {
 		return false
 	}
@@ -162,7 +173,7 @@ func wellFormed(sh *Shape, b []byte, depth int) bool {
 			return false
 		}
 		b = b[n:]
-		if f.str && !utf8.Valid(v) || f.msg != nil && !wellFormed(f.msg, v, depth+1) {
+		if utf8Strings && f.str && !utf8.Valid(v) || f.msg != nil && !wellFormed(f.msg, v, depth+1, utf8Strings) {
 			return false
 		}
 	}
