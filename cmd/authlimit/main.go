@@ -26,7 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/algo"
@@ -37,6 +37,7 @@ import (
 	"github.com/authlimit/authlimit/internal/conncap"
 	"github.com/authlimit/authlimit/internal/httpconn"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 // version is set at build time: -ldflags "-X main.version=v1.2.3".
@@ -262,7 +263,7 @@ func (a *app) serve(ctx context.Context, l *httpconn.Listener, timeout time.Dura
 func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a := &app{log: log, stopping: make(chan struct{})}
 	// go-redis logs through a process-wide logger; send it to ours.
-	redis.SetLogger(redisLogger{log})
+	goredis.SetLogger(redisLogger{log})
 	if s.defaultRules {
 		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", rules.Default)
 	}
@@ -320,11 +321,11 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		registerMemory(reg, m, "primary")
 		gopts.Store = m
 	} else {
-		var client redis.UniversalClient
+		var client goredis.UniversalClient
 		if s.redisPlain != nil {
-			client = redis.NewClient(s.redisPlain)
+			client = goredis.NewClient(s.redisPlain)
 		} else {
-			client = redis.NewUniversalClient(s.redisOptions)
+			client = goredis.NewUniversalClient(s.redisOptions)
 		}
 		a.closers = append(a.closers, client.Close)
 		lost := prometheus.NewCounter(prometheus.CounterOpts{
@@ -332,7 +333,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 			Help: "Rules of Redis Cluster requests denied by one slot whose consumption in another slot could not be refunded, or whose refund was sent but not answered (it may have run).",
 		})
 		reg.MustRegister(lost)
-		rs := algo.NewRedis(client, algo.RedisOptions{
+		rs := redis.New(client, redis.Options{
 			Prefix:  s.KeyPrefix,
 			Timeout: s.RedisTimeout,
 			Conns:   s.RedisPoolSize,
@@ -359,7 +360,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a.closers = append(a.closers, func() error { g.Close(); return nil })
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = g.Start(sctx)
-	if rs, ok := gopts.Store.(*algo.Redis); ok && err == nil {
+	if rs, ok := gopts.Store.(*redis.Store); ok && err == nil {
 		if missing, _ := rs.RefusedCommands(sctx); len(missing) > 0 {
 			log.Warn("the redis user may not run "+strings.Join(missing, " or ")+": decisions stay exact, but decide.lua falls back to slower commands (SET ... KEEPTTL for SETRANGE, a GET per key for MGET, in a Redis Cluster a call per slot for EXISTS), which cost Redis more and add entries to ACL LOG; grant them (docs/security.md: Least-privilege Redis user)", "redis", s.redisDisplay)
 		}
