@@ -134,6 +134,9 @@ type Outcome struct {
 	method, path []byte
 	obs          Decision
 
+	// whole asks a WholeDecider for every result (DecideLimits).
+	whole bool
+
 	// An asynchronous decision's (see Engine.DecideAsync).
 	eng  *Engine
 	now  time.Time
@@ -181,6 +184,7 @@ func HeaderName(b []byte) string {
 func (o *Outcome) reset() {
 	o.Verdict, o.Status, o.Kind, o.Detail = Allow, http.StatusOK, "", ""
 	o.Results, o.Most, o.RetryAfter, o.Delay = o.Results[:0], -1, 0, 0
+	o.whole = false
 	o.Headers, o.Body = o.hdrs[:0], o.Body[:0]
 	o.reqs, o.limits, o.ruleOf, o.spans, o.tags = o.reqs[:0], o.limits[:0], o.ruleOf[:0], o.spans[:0], o.tags[:0]
 	o.hbuf, o.hspans = o.hbuf[:0], o.hspans[:0]

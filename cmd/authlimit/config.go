@@ -85,6 +85,7 @@ type config struct {
 	PprofListen           string        `env:"PPROF_LISTEN"`
 	GRPCListen            string        `env:"GRPC_LISTEN"`
 	RLSConfig             string        `env:"RLS_CONFIG"`
+	RLSResponseMetadata   bool          `env:"RLS_RESPONSE_METADATA" envDefault:"false"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
 	AdminToken            string        `env:"ADMIN_TOKEN"`
 	TopSize               int           `env:"TOP_SIZE"` // default in defaultConfig

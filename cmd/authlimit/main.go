@@ -198,6 +198,8 @@ type app struct {
 	// rlsMetrics count the rate-limit service's answers, for every
 	// service a reload builds (see newRLS).
 	rlsMetrics *rls.Metrics
+	// rlsMetadata is AUTHLIMIT_RLS_RESPONSE_METADATA.
+	rlsMetadata bool
 	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
 	admin *adminFront
 	// denials keeps the top limited clients, the denial log and the
