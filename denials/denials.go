@@ -174,8 +174,11 @@ type ruleTop struct {
 	shadow              bool
 
 	// active says that cur holds keys, so that an admission looks for
-	// its key; read without mu.
+	// its key, and seen has a bit set for each key cur took (by hash), so
+	// that most admissions of keys it does not hold take no lock; both
+	// are read without mu, written under it.
 	active atomic.Bool
+	seen   [seenWords]atomic.Uint64
 	// The rule's decisions, for the rates.
 	admitted, denied atomic.Uint64
 	rates            rates
@@ -241,7 +244,24 @@ func (rt *ruleTop) at(w int64) *summary {
 	rt.curDirty = false
 	rt.win = w
 	rt.active.Store(false)
+	for i := range rt.seen {
+		rt.seen[i].Store(0)
+	}
 	return rt.cur
+}
+
+// seenWords is the size of ruleTop.seen: 4096 bits.
+const seenWords = 64
+
+// maySee reports whether cur may hold the key of hash h.
+func (rt *ruleTop) maySee(h uint64) bool {
+	return rt.seen[(h>>6)%seenWords].Load()&(1<<(h&63)) != 0
+}
+
+// see marks the key of hash h as taken by cur. The caller holds rt.mu.
+func (rt *ruleTop) see(h uint64) {
+	w := &rt.seen[(h>>6)%seenWords]
+	w.Store(w.Load() | 1<<(h&63))
 }
 
 // Observe records one rule's answer (decide.Observer).
@@ -255,7 +275,7 @@ func (r *Recorder) Observe(d *decide.Decision) {
 	}
 	if !d.Denied {
 		rt.admitted.Add(1)
-		if !rt.active.Load() {
+		if !rt.active.Load() || !rt.maySee(maphash.Bytes(r.seed, d.Tag)) {
 			return
 		}
 		w := r.window(d.Now)
@@ -276,6 +296,7 @@ func (r *Recorder) Observe(d *decide.Decision) {
 		if w == rt.win {
 			rt.curDirty = true
 			rt.active.Store(true)
+			rt.see(maphash.Bytes(r.seed, d.Tag))
 		} else {
 			rt.prevDirty = true
 		}
