@@ -2,6 +2,7 @@ package guard
 
 import (
 	"testing"
+	"time"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/ruleset/rulesettest"
@@ -30,7 +31,7 @@ func TestNewRuleSetCarriesTheFallbackOver(t *testing.T) {
 			t.Fatal(ok, err)
 		}
 	}
-	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load())
+	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load(), time.Now())
 	f.p = f.renewed(t, 20) // another pointer again: identity, not pointer, counts
 	f.store.breakShard(1, errDown)
 	// Local limit 20/2 = 10; 4 already admitted by the store.
@@ -51,7 +52,7 @@ func TestNewRuleSetForgetsDenials(t *testing.T) {
 			t.Fatal("the 11th request of a limit of 10 admitted")
 		}
 	}
-	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load())
+	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load(), time.Now())
 	f.p = f.renewed(t, 20)
 	res, ok, err := f.decide(t, "b")
 	if err != nil || !ok {
@@ -67,7 +68,7 @@ func TestNewRuleSetForgetsDenials(t *testing.T) {
 // the new limit (20/2), charging each request twice its cost.
 func TestNewRuleSetLocalShareFollows(t *testing.T) {
 	f := newFixture(t, FailLocal)
-	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load())
+	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load(), time.Now())
 	f.p = f.renewed(t, 20)
 	f.store.breakShard(1, errDown)
 	if got := f.admitted(t, "a", 15); got != 10 {

@@ -45,7 +45,7 @@ func TestWindowChangeRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := set.WithRules(parse(tt.next))
+			_, err := NewHolder(set).WithRules(parse(tt.next), time.Now())
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("WithRules = %v, want nil", err)
@@ -82,14 +82,89 @@ func TestUnitChangeRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := set.WithRLS(mustRLS(t, strings.Replace(limit("minute"), "5", "9", 1))); err != nil {
+	h := NewHolder(set)
+	now := time.Now()
+	if _, err := h.WithRLS(mustRLS(t, strings.Replace(limit("minute"), "5", "9", 1)), now); err != nil {
 		t.Errorf("a new requests_per_unit: %v", err)
 	}
-	if _, err := set.WithRLS(mustRLS(t, limit("hour"))); err == nil || !strings.Contains(err.Error(), "rate_limit.unit: changes from minute to hour") {
+	if _, err := h.WithRLS(mustRLS(t, limit("hour")), now); err == nil || !strings.Contains(err.Error(), "rate_limit.unit: changes from minute to hour") {
 		t.Errorf("a new unit: %v, want refused", err)
 	}
-	if _, err := set.WithRLS(mustRLS(t, limit("hour")+"  - key: k2\n    rate_limit: {unit: second, requests_per_unit: 1}\n")); err == nil {
+	if _, err := h.WithRLS(mustRLS(t, limit("hour")+"  - key: k2\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), now); err == nil {
 		t.Error("a new unit beside a new limit: accepted")
+	}
+}
+
+// TestWindowChangeNotSlippedThrough: a window change is refused while
+// state of the old window may live, whatever the reloads between: another
+// algorithm, or no such rule, and back with a new window. Once two old
+// windows have passed, the state is gone and the new window is taken.
+func TestWindowChangeNotSlippedThrough(t *testing.T) {
+	parse := func(text string) []*rules.Rule {
+		t.Helper()
+		rs, err := rules.Parse(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, between := range []string{"name=a limit=10/1m algorithm=token_bucket", "name=other limit=10/1m"} {
+		t.Run(between, func(t *testing.T) {
+			first, err := New(parse("name=a limit=10/1m algorithm=fixed_window"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := NewHolder(first)
+			mid, err := h.WithRules(parse(between), now)
+			if err != nil {
+				t.Fatalf("%s: %v", between, err)
+			}
+			h.Store(mid, now)
+			back := parse("name=a limit=10/1h algorithm=fixed_window")
+			_, err = h.WithRules(back, now.Add(time.Minute))
+			if err == nil || !strings.Contains(err.Error(), "the window changes from 1m0s to 1h0m0s") || !strings.Contains(err.Error(), "2026-03-01T12:02:00Z") {
+				t.Fatalf("back with a 1h window a minute later: %v, want refused until 12:02", err)
+			}
+			if _, err := h.WithRules(parse("name=a limit=99/1m algorithm=fixed_window"), now.Add(time.Minute)); err != nil {
+				t.Errorf("back with the same window: %v, want taken (its counts carry over)", err)
+			}
+			if _, err := h.WithRules(back, now.Add(2*time.Minute)); err != nil {
+				t.Errorf("back with a 1h window once two minutes passed: %v, want taken", err)
+			}
+		})
+	}
+}
+
+// TestRLSUnitChangeNotSlippedThrough: a limit's unit change is refused
+// while counts of the old unit may live, even with another algorithm in
+// between.
+func TestRLSUnitChangeNotSlippedThrough(t *testing.T) {
+	cfg := func(rl string) *envoyconf.Config {
+		t.Helper()
+		return mustRLS(t, "domain: d\ndescriptors:\n  - {key: k, rate_limit: "+rl+"}\n")
+	}
+	rs, err := rules.Parse("name=r limit=1/1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	first, err := New(rs, cfg("{unit: minute, requests_per_unit: 5}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewHolder(first)
+	mid, err := h.WithRLS(cfg("{unit: minute, requests_per_unit: 5, algorithm: gcra}"), now)
+	if err != nil {
+		t.Fatalf("to gcra: %v", err)
+	}
+	h.Store(mid, now)
+	back := cfg("{unit: hour, requests_per_unit: 5}")
+	if _, err := h.WithRLS(back, now.Add(time.Minute)); err == nil || !strings.Contains(err.Error(), "rate_limit.unit: changes from 1m0s to hour") {
+		t.Errorf("back to fixed_window by the hour: %v, want refused", err)
+	}
+	if _, err := h.WithRLS(back, now.Add(2*time.Minute)); err != nil {
+		t.Errorf("back to fixed_window by the hour, two minutes on: %v, want taken", err)
 	}
 }
 

@@ -12,9 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
@@ -58,6 +60,11 @@ type app struct {
 	// local's store, nil otherwise.
 	store, local guard.Store
 	remote       bool
+	// client is the Redis store's client; nil with the embedded store.
+	client goredis.UniversalClient
+	// denials keeps the top limited clients, the denial log and the
+	// rules' rates.
+	denials *denials.Recorder
 }
 
 // hold holds a shaped request for d, or until shutdown begins. A shaped
@@ -74,10 +81,10 @@ func (a *app) hold(d time.Duration) {
 }
 
 // newApp builds authlimit from settings in steps: the stores, the guard
-// over them, the engine, the HTTP handler, the other fronts (the
+// over them, the recorder of denials, the engine, the HTTP handler, the other fronts (the
 // rate-limit service and the gRPC server), the reloader, the admin API and
 // the HTTP server. Each step builds on the ones before it, and a failure
-// among the first four ends the build; the fronts and the admin API listen
+// among the first five ends the build; the fronts and the admin API listen
 // on ports of their own, and their problems go on one list, so that a
 // start reports them all at once (a gRPC port and an admin port in use,
 // say). A Redis that does not answer leaves authlimit deciding with the
@@ -94,7 +101,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	a.sets = ruleset.NewHolder(set)
-	for _, step := range []func(context.Context, *settings) error{a.newStores, a.newGuard, a.newEngine, a.newHandler} {
+	for _, step := range []func(context.Context, *settings) error{a.newStores, a.newGuard, a.newRecorder, a.newEngine, a.newHandler} {
 		if err := step(ctx, s); err != nil {
 			a.close()
 			return nil, err
@@ -171,9 +178,22 @@ func (a *app) newGuard(ctx context.Context, s *settings) error {
 	return nil
 }
 
+// newRecorder builds the recorder of denials (the top limited clients,
+// the denial log, the rules' rates) and runs it until the app closes.
+func (a *app) newRecorder(_ context.Context, s *settings) error {
+	d, err := newDenials(s, a.reg, a.log, a.client)
+	if err != nil {
+		return err
+	}
+	a.denials = d
+	a.runDenials()
+	return nil
+}
+
 // newEngine builds the decision engine every front asks.
 func (a *app) newEngine(_ context.Context, s *settings) error {
 	e, err := decide.New(decide.Options{
+		Observer:   a.denials,
 		Rules:      a.sets,
 		Decider:    a.guard,
 		AllowCIDRs: s.allow,

@@ -18,6 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
@@ -79,14 +80,26 @@ type config struct {
 	PprofListen           string        `env:"PPROF_LISTEN"`
 	GRPCListen            string        `env:"GRPC_LISTEN"`
 	RLSConfig             string        `env:"RLS_CONFIG"`
+	RLSResponseMetadata   bool          `env:"RLS_RESPONSE_METADATA" envDefault:"false"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
 	AdminToken            string        `env:"ADMIN_TOKEN"`
+	TopSize               int           `env:"TOP_SIZE"` // default in defaultConfig
+	TopWindow             time.Duration `env:"TOP_WINDOW"`
+	TopShareInterval      time.Duration `env:"TOP_SHARE_INTERVAL"`
+	DenialLogRate         int           `env:"DENIAL_LOG_RATE"`
+	LogKeys               bool          `env:"LOG_KEYS" envDefault:"false"`
 }
 
 // defaultConfig holds the defaults that belong to the packages authlimit
 // configures; env keeps them for variables that are unset.
 func defaultConfig() config {
-	return config{MemoryMaxKeys: algo.DefaultMemoryMaxKeys}
+	return config{
+		MemoryMaxKeys:    algo.DefaultMemoryMaxKeys,
+		TopSize:          denials.DefaultSize,
+		TopWindow:        denials.DefaultWindow,
+		TopShareInterval: denials.DefaultShareInterval,
+		DenialLogRate:    denials.DefaultLogRate,
+	}
 }
 
 // settings is config validated and parsed into the types the program uses.
@@ -163,6 +176,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		storeSettings,
 		grpcSettings,
 		adminSettings,
+		topSettings,
 		ruleSettings,
 		clientSettings,
 		decisionSettings,

@@ -57,6 +57,7 @@ func (s *settings) describe() string {
 		w("max conns", "no cap: the open file limit is unknown")
 	}
 	s.describeAdmin(w)
+	s.describeTop(w)
 	suffix := fmt.Sprintf(" (hash %s)", s.rulesHash)
 	switch {
 	case s.defaultRules:

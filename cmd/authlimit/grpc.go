@@ -58,6 +58,7 @@ func (s *settings) describeRLS(w func(k, v string)) {
 		return
 	}
 	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits (reloaded when it changes or on SIGHUP; hash %s)", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits()), s.rlsHash))
+	w("rls metadata", fmt.Sprint(s.RLSResponseMetadata))
 }
 
 // grpcFront is the gRPC server: the rate-limit service, the health service
@@ -92,7 +93,7 @@ const readinessInterval = time.Second
 // that a port in use stops authlimit at start.
 func (a *app) newFronts(s *settings) error {
 	if s.rls != nil {
-		svc, err := rls.New(rls.Options{Rules: a.sets, Engine: a.engine, Registry: a.reg})
+		svc, err := rls.New(rls.Options{Rules: a.sets, Engine: a.engine, Registry: a.reg, ResponseMetadata: s.RLSResponseMetadata})
 		if err != nil {
 			return err
 		}

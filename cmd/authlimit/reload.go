@@ -176,7 +176,7 @@ func (r *reloader) reloadRules(trigger string) reloadResult {
 	}
 	var set *ruleset.Set
 	if err == nil {
-		set, err = r.sets.Load().WithRules(rs)
+		set, err = r.sets.WithRules(rs, r.clock())
 	}
 	if err != nil {
 		return r.refuse(res, envPrefix+"RULES_FILE", content, trigger, "rules reload refused; the previous rules stay in force", err)
@@ -188,9 +188,10 @@ func (r *reloader) reloadRules(trigger string) reloadResult {
 		delete(r.refused, configRules)
 		return res
 	}
-	r.sets.Store(set)
+	now := r.clock()
+	r.sets.Store(set, now)
 	r.reloads.WithLabelValues(configRules, "success").Inc()
-	r.inForce(configRules, res.Hash, hash, r.clock())
+	r.inForce(configRules, res.Hash, hash, now)
 	r.log.Info("rules reloaded", "trigger", trigger, "file", r.rulesPath, "rules", len(rs), "hash", hash, "previous_hash", res.Hash)
 	res.Result, res.Hash = "success", hash
 	return res
@@ -211,7 +212,7 @@ func (r *reloader) reloadRLS(trigger string) reloadResult {
 	}
 	var set *ruleset.Set
 	if err == nil {
-		set, err = r.sets.Load().WithRLS(cfg)
+		set, err = r.sets.WithRLS(cfg, r.clock())
 	}
 	if err != nil {
 		content := hash
@@ -220,9 +221,10 @@ func (r *reloader) reloadRLS(trigger string) reloadResult {
 		}
 		return r.refuse(res, envPrefix+"RLS_CONFIG", content, trigger, "rate-limit configuration reload refused; the previous configuration stays in force", err)
 	}
-	r.sets.Store(set)
+	now := r.clock()
+	r.sets.Store(set, now)
 	r.reloads.WithLabelValues(configRLS, "success").Inc()
-	r.inForce(configRLS, res.Hash, hash, r.clock())
+	r.inForce(configRLS, res.Hash, hash, now)
 	r.log.Info("rate-limit configuration reloaded", "trigger", trigger, "path", r.rlsPath, "limits", len(cfg.Limits()), "hash", hash, "previous_hash", res.Hash)
 	res.Result, res.Hash = "success", hash
 	return res

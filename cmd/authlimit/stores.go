@@ -37,6 +37,7 @@ func (a *app) newStores(_ context.Context, s *settings) error {
 		client = goredis.NewUniversalClient(s.redisOptions)
 	}
 	a.closers = append(a.closers, client.Close)
+	a.client = client
 	lost := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "authlimit_refunds_lost_total",
 		Help: "Rules of Redis Cluster requests denied by one slot whose consumption in another slot could not be refunded, or whose refund was sent but not answered (it may have run).",

@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"testing"
+	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,11 +43,11 @@ func TestNewConfigurationKeepsCounts(t *testing.T) {
 	if got := ask("k"); got != ok {
 		t.Fatalf("first request: %v", got)
 	}
-	set, err := h.Load().WithRLS(parseConfig(t, yaml+"  - {key: other, rate_limit: {unit: hour, requests_per_unit: 1}}\n"))
+	set, err := h.WithRLS(parseConfig(t, yaml+"  - {key: other, rate_limit: {unit: hour, requests_per_unit: 1}}\n"), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.Store(set)
+	h.Store(set, time.Now())
 	if got := ask("k"); got != ok {
 		t.Errorf("second request, under the new configuration: %v, want OK", got)
 	}
