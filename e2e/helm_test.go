@@ -698,8 +698,8 @@ func TestHelmGRPC(t *testing.T) {
 		t.Errorf("AUTHLIMIT_GRPC_LISTEN = %q, container ports %v; want :8081 on port grpc 8081", listen, containerPorts)
 	}
 	// The gRPC front's variable is checked by authlimit itself once it
-	// knows it (README's configuration table lists it).
-	if strings.Contains(string(readRepo(t, "README.md")), "| `AUTHLIMIT_GRPC_LISTEN`") {
+	// knows it (the configuration reference lists it).
+	if strings.Contains(string(readRepo(t, "docs/configuration.md")), "| `AUTHLIMIT_GRPC_LISTEN`") {
 		checkChartEnv(t, r, chartWant{divisor: "2", rulesMap: "rl-authlimit-rules"})
 	}
 }
