@@ -107,7 +107,7 @@ func redisSettings(c *config, problem func(string, error)) (*goredis.UniversalOp
 			problem("REDIS_MASTER", errors.New("only for sentinel mode"))
 		}
 		if base.DB != 0 {
-			problem("REDIS_URL", errors.New("Redis Cluster has only database 0"))
+			problem("REDIS_URL", errors.New("a Redis Cluster has only database 0"))
 		}
 		if base.Network == "unix" {
 			problem("REDIS_URL", errors.New("cluster mode needs redis:// or rediss:// node addresses"))
