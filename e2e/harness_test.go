@@ -64,6 +64,18 @@ func run(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	if hostileLog.Len() > 0 {
+		path := filepath.Join(bins.repo, "e2e", "HOSTILE.md")
+		if partialRun() {
+			path = filepath.Join(os.TempDir(), "authlimit-HOSTILE.md")
+		}
+		if err := hostileLog.Write(path); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			code = 1
+		} else {
+			fmt.Fprintln(os.Stderr, "e2e: hostile-client table written to", path)
+		}
+	}
 	if len(faults.Entries()) > 0 {
 		// The committed table is the whole suite's: a run of some tests
 		// (-run, -skip) writes its rows beside it, not over it.
@@ -96,17 +108,23 @@ func findBinaries() error {
 	bins.repo = filepath.Dir(filepath.Dir(file))
 	bins.missing = map[string]error{}
 
-	// authlimit is built exactly as the Dockerfile builds it.
+	// authlimit is built exactly as the Dockerfile builds it, unless
+	// AUTHLIMIT_E2E_AUTHLIMIT names a binary (another build's, to compare
+	// it with this one).
 	out, err := os.MkdirTemp("", "authlimit-e2e-")
 	if err != nil {
 		return err
 	}
 	bins.dir = out
 	bins.authlimit = filepath.Join(out, "authlimit")
-	build := exec.Command("make", "build", "BIN="+bins.authlimit)
-	build.Dir = bins.repo
-	if b, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("make build: %v\n%s", err, b)
+	if p := os.Getenv("AUTHLIMIT_E2E_AUTHLIMIT"); p != "" {
+		bins.authlimit = p
+	} else {
+		build := exec.Command("make", "build", "BIN="+bins.authlimit)
+		build.Dir = bins.repo
+		if b, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("make build: %v\n%s", err, b)
+		}
 	}
 
 	if bins.redis, err = exec.LookPath("redis-server"); err != nil {
