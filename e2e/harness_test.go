@@ -48,6 +48,9 @@ var bins struct {
 var faults = faultlog.New("make e2e")
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(attackEnv); spec != "" {
+		os.Exit(attackChild(spec))
+	}
 	os.Exit(run(m))
 }
 
@@ -229,6 +232,13 @@ type proc struct {
 
 func start(t *testing.T, name, bin string, args, env []string, dir string) *proc {
 	t.Helper()
+	return startOwned(t, t, name, bin, args, env, dir)
+}
+
+// startOwned starts a process for t that is stopped when owner ends: t
+// itself, or a parent test it must outlive.
+func startOwned(t, owner *testing.T, name, bin string, args, env []string, dir string) *proc {
+	t.Helper()
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -249,10 +259,10 @@ func start(t *testing.T, name, bin string, args, env []string, dir string) *proc
 		f.Close()
 		close(p.done)
 	}()
-	t.Cleanup(func() {
+	owner.Cleanup(func() {
 		p.stop()
-		if t.Failed() {
-			t.Logf("--- %s log (last lines) ---\n%s", name, tail(logPath, 30))
+		if owner.Failed() {
+			owner.Logf("--- %s log (last lines) ---\n%s", name, tail(logPath, 30))
 		}
 	})
 	return p
@@ -327,12 +337,18 @@ type authlimit struct {
 
 func startAuthlimit(t *testing.T, name string, env map[string]string) *authlimit {
 	t.Helper()
+	return startAuthlimitOwned(t, t, name, env)
+}
+
+// startAuthlimitOwned starts authlimit for t, stopped when owner ends.
+func startAuthlimitOwned(t, owner *testing.T, name string, env map[string]string) *authlimit {
+	t.Helper()
 	addr := freeAddr(t)
 	vars := []string{"PATH=" + os.Getenv("PATH"), "AUTHLIMIT_LISTEN=" + addr, "AUTHLIMIT_LOG_LEVEL=debug", "AUTHLIMIT_LOG_FORMAT=text"}
 	for k, v := range env {
 		vars = append(vars, k+"="+v)
 	}
-	p := start(t, name, bins.authlimit, nil, vars, t.TempDir())
+	p := startOwned(t, owner, name, bins.authlimit, nil, vars, owner.TempDir())
 	waitFor(t, p, "serving /healthz", func() bool {
 		r, err := http.Get("http://" + addr + "/healthz")
 		if err != nil {

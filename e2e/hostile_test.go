@@ -4,7 +4,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +36,10 @@ const (
 	// hostileKill is where an attacked authlimit is killed, so that a
 	// build that does not hold does not take the machine down with it.
 	hostileKill = 1 << 30
+	// legitTimeout is how long a well-behaved client's call may take
+	// before it counts as failed: long, as the attack and the client
+	// share the machine's cores.
+	legitTimeout = 15 * time.Second
 	// legitEvery is how often the well-behaved clients call.
 	legitEvery = 20 * time.Millisecond
 )
@@ -42,13 +50,21 @@ type hostileTarget struct {
 	grpc, admin string
 }
 
+// The ports an attack aims at.
+const (
+	portGRPC  = "gRPC"
+	portHTTP  = "decision (HTTP)"
+	portAdmin = "admin"
+)
+
 // attackCase is one row of the table: an attack on one port, and what
 // must hold during it.
 type attackCase struct {
 	name, port string
-	duration   time.Duration
 	env        map[string]string
-	attack     func(ctx context.Context, a *hostileTarget) *hostile.Tally
+	// spec is the attack, run in a process of its own (attackChild);
+	// its address is the port's.
+	spec hostile.Spec
 	// memory: the attack aims at memory; RSS is held to hostileRSS and,
 	// a minute later, to hostileSettle above where it began.
 	memory bool
@@ -58,7 +74,7 @@ type attackCase struct {
 	// ("" any).
 	legitSource string
 	// check, if set, asserts what the attacker saw.
-	check func(t *testing.T, tally *hostile.Tally, a *hostileTarget)
+	check func(t *testing.T, seen hostile.Counts, a *hostileTarget)
 }
 
 // attackRun is an attack done, waiting for its minute-later sample.
@@ -91,108 +107,77 @@ func TestHostile(t *testing.T) {
 	halfSent := func(conns int) attackCase {
 		return attackCase{
 			name: fmt.Sprintf("half-sent gRPC calls (4 MiB announced, 1 MiB sent, never finished) on %d connections", conns),
-			port: "gRPC", duration: 8 * time.Second, memory: true,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.HalfSentCalls(ctx, a.grpc, conns, 4*mib, mib)
-			},
+			port: portGRPC, memory: true,
+			spec: hostile.Spec{Kind: hostile.KindHalfSent, Duration: 8 * time.Second, Conns: conns, Size: 4 * mib, Sent: mib},
 		}
 	}
 	flood := func(kind hostile.EmptyFrame) attackCase {
 		return attackCase{
-			name: fmt.Sprintf("%s flood on 2 connections", kind), port: "gRPC", duration: 4 * time.Second,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.EmptyFrameFlood(ctx, a.grpc, 2, kind)
-			},
-			check: calmed,
+			name: fmt.Sprintf("%s flood on 2 connections", kind), port: portGRPC, check: calmed,
+			spec: hostile.Spec{Kind: hostile.KindEmptyFrames, Duration: 4 * time.Second, Conns: 2, Frame: kind},
 		}
 	}
 	cases := []attackCase{
 		halfSent(16), halfSent(64), halfSent(400),
 		{
-			name: "half-open streams (HEADERS, then nothing) up to 1024 a connection on 64 connections", port: "gRPC",
-			duration: 8 * time.Second, memory: true,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.HalfOpenStreams(ctx, a.grpc, 64, 1024)
-			},
+			name: "half-open streams (HEADERS, then nothing) up to 1024 a connection on 64 connections", port: portGRPC, memory: true,
+			spec: hostile.Spec{Kind: hostile.KindHalfOpen, Duration: 8 * time.Second, Conns: 64, Streams: 1024},
 		},
 		{
-			name: "empty CONTINUATION flood on 2 connections", port: "gRPC", duration: 8 * time.Second, maxCPU: time.Second,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.ContinuationFlood(ctx, a.grpc, 2)
-			},
-			check: calmed,
+			name: "empty CONTINUATION flood on 2 connections", port: portGRPC, maxCPU: time.Second, check: calmed,
+			spec: hostile.Spec{Kind: hostile.KindContinuation, Duration: 8 * time.Second, Conns: 2},
 		},
 		flood(hostile.EmptyData), flood(hostile.ZeroWindowUpdate), flood(hostile.Priority), flood(hostile.UnknownType),
 		flood(hostile.EmptySettings), flood(hostile.Ping), flood(hostile.UnsolicitedPingAck),
 		{
-			name: "rapid reset (whole Check calls reset at once) on 4 connections", port: "gRPC", duration: 4 * time.Second,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.RapidReset(ctx, a.grpc, 4, msg)
-			},
+			name: "rapid reset (whole Check calls reset at once) on 4 connections", port: portGRPC,
+			spec: hostile.Spec{Kind: hostile.KindRapidReset, Duration: 4 * time.Second, Conns: 4, Msg: msg},
 		},
 		{
-			name: "HPACK bomb (16 KiB blocks naming a 3.9 KB field 16,000 times) on 4 connections", port: "gRPC", duration: 4 * time.Second,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.HPACKBomb(ctx, a.grpc, 4)
-			},
+			name: "HPACK bomb (16 KiB blocks naming a 3.9 KB field 16,000 times) on 4 connections", port: portGRPC,
+			spec: hostile.Spec{Kind: hostile.KindHPACKBomb, Duration: 4 * time.Second, Conns: 4},
 		},
 		{
-			name: "zero window (SETTINGS_INITIAL_WINDOW_SIZE 0, 2000 calls a connection) on 16 connections", port: "gRPC",
-			duration: 8 * time.Second, memory: true,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.ZeroWindow(ctx, a.grpc, 16, 2000, msg)
-			},
+			name: "zero window (SETTINGS_INITIAL_WINDOW_SIZE 0, 2000 calls a connection) on 16 connections", port: portGRPC, memory: true,
+			spec: hostile.Spec{Kind: hostile.KindZeroWindow, Duration: 8 * time.Second, Conns: 16, Calls: 2000, Msg: msg},
 		},
 		{
-			name: "slow reader (whole calls, answers never read) on 16 connections", port: "gRPC", duration: 8 * time.Second, memory: true,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.SlowReader(ctx, a.grpc, 16, msg)
-			},
+			name: "slow reader (whole calls, answers never read) on 16 connections", port: portGRPC, memory: true,
+			spec: hostile.Spec{Kind: hostile.KindSlowReader, Duration: 8 * time.Second, Conns: 16, Msg: msg},
 		},
 		{
-			name: "connection flood (preface and SETTINGS, then nothing) to the cap of 4000", port: "gRPC",
-			duration: 8 * time.Second, memory: true, env: map[string]string{"AUTHLIMIT_MAX_CONNS": "4000"},
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.ConnFloodH2(ctx, a.grpc, 4200)
-			},
+			name: "connection flood (preface and SETTINGS, then nothing) to the cap of 4000", port: portGRPC, memory: true,
+			env:  map[string]string{"AUTHLIMIT_MAX_CONNS": "4000"},
+			spec: hostile.Spec{Kind: hostile.KindConnFloodH2, Duration: 8 * time.Second, Conns: 4200},
 		},
 		{
-			name: "unfinished headers (30 KB, never ended) on 2000 connections", port: "decision (HTTP)",
-			duration: 8 * time.Second, memory: true,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.HeldHeaders(ctx, a.addr, "/auth", 2000, 30_000)
-			},
+			name: "unfinished headers (30 KB, never ended) on 2000 connections", port: portHTTP, memory: true,
+			spec: hostile.Spec{Kind: hostile.KindHeldHeaders, Duration: 8 * time.Second, Conns: 2000, Size: 30_000, Path: "/auth"},
 		},
 		{
-			name: "slowloris (a header byte a second) on 2000 connections", port: "decision (HTTP)",
-			duration: 8 * time.Second, memory: true,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.SlowLoris(ctx, a.addr, "/auth", 2000, time.Second)
-			},
+			name: "slowloris (a header byte a second) on 2000 connections", port: portHTTP, memory: true,
+			spec: hostile.Spec{Kind: hostile.KindSlowLoris, Duration: 8 * time.Second, Conns: 2000, Interval: time.Second, Path: "/auth"},
 		},
 		{
-			name: "connection flood (nothing sent) to the cap of 4000", port: "decision (HTTP)",
-			duration: 8 * time.Second, memory: true, env: map[string]string{"AUTHLIMIT_MAX_CONNS": "4000"},
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.ConnFloodTCP(ctx, a.addr, 4200)
-			},
+			name: "connection flood (nothing sent) to the cap of 4000", port: portHTTP, memory: true,
+			env:  map[string]string{"AUTHLIMIT_MAX_CONNS": "4000"},
+			spec: hostile.Spec{Kind: hostile.KindConnFloodTCP, Duration: 8 * time.Second, Conns: 4200},
 		},
 		{
-			name: "unfinished headers (30 KB, never ended) on 2000 connections", port: "admin",
-			duration: 8 * time.Second, memory: true,
-			attack: func(ctx context.Context, a *hostileTarget) *hostile.Tally {
-				return hostile.HeldHeaders(ctx, a.admin, "/v1/config", 2000, 30_000)
-			},
+			name: "unfinished headers (30 KB, never ended) on 2000 connections", port: portAdmin, memory: true,
+			spec: hostile.Spec{Kind: hostile.KindHeldHeaders, Duration: 8 * time.Second, Conns: 2000, Size: 30_000, Path: "/v1/config"},
 		},
 	}
 	var runs []*attackRun
+	parent := t
 	for _, c := range cases {
-		// The process outlives the subtest: it is measured again a
-		// minute later, and stopped when the whole test ends.
-		target := startTarget(t, c.env)
-		r := &attackRun{c: c, target: target, row: hostile.Row{Attack: c.name, Port: c.port, Duration: c.duration}}
-		runs = append(runs, r)
-		t.Run(c.name+" ("+c.port+")", func(t *testing.T) { runAttack(t, r) })
+		t.Run(c.name+" ("+c.port+")", func(t *testing.T) {
+			// The process outlives the subtest: it is measured again a
+			// minute later, and stopped when the whole test ends.
+			r := &attackRun{c: c, target: startTarget(t, parent, c.env), row: hostile.Row{Attack: c.name, Port: c.port, Duration: c.spec.Duration}}
+			runs = append(runs, r)
+			runAttack(t, r)
+		})
 	}
 	t.Run("a minute later", func(t *testing.T) {
 		var wg sync.WaitGroup
@@ -225,10 +210,10 @@ func TestHostile(t *testing.T) {
 
 // calmed asserts that the server ended the flooding connections with
 // GOAWAY ENHANCE_YOUR_CALM.
-func calmed(t *testing.T, tally *hostile.Tally, _ *hostileTarget) {
+func calmed(t *testing.T, seen hostile.Counts, _ *hostileTarget) {
 	t.Helper()
-	if tally.Calm.Load() == 0 {
-		t.Errorf("no GOAWAY ENHANCE_YOUR_CALM: %s", tally)
+	if seen.Calm == 0 {
+		t.Errorf("no GOAWAY ENHANCE_YOUR_CALM: %s", seen)
 	}
 }
 
@@ -249,7 +234,7 @@ func sleepUntil(at time.Time) {
 
 // startTarget starts an authlimit to attack, with the gRPC and admin
 // ports on, and env.
-func startTarget(t *testing.T, extra map[string]string) *hostileTarget {
+func startTarget(t, owner *testing.T, extra map[string]string) *hostileTarget {
 	t.Helper()
 	env := map[string]string{
 		"AUTHLIMIT_GRPC_LISTEN":  freeAddr(t),
@@ -261,7 +246,7 @@ func startTarget(t *testing.T, extra map[string]string) *hostileTarget {
 	for k, v := range extra {
 		env[k] = v
 	}
-	a := startAuthlimit(t, "authlimit", env)
+	a := startAuthlimitOwned(t, owner, "authlimit", env)
 	return &hostileTarget{authlimit: a, grpc: env["AUTHLIMIT_GRPC_LISTEN"], admin: env["AUTHLIMIT_ADMIN_LISTEN"]}
 }
 
@@ -276,8 +261,8 @@ func runAttack(t *testing.T, run *attackRun) {
 	// Warm up: a few calls of each kind, so that what they allocate once
 	// is in the figure before.
 	warm, cancelWarm := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	go hostile.LegitHTTP(warm, "http://"+a.addr+"/auth", c.legitSource, legitEvery, 5*time.Second, []int{200, 429})
-	hostile.LegitCheck(warm, target.grpc, c.legitSource, "198.51.100.9", legitEvery, 5*time.Second, nil)
+	go hostile.LegitHTTP(warm, "http://"+a.addr+"/auth", c.legitSource, legitEvery, legitTimeout, []int{200, 429})
+	hostile.LegitCheck(warm, target.grpc, c.legitSource, "198.51.100.9", legitEvery, legitTimeout, nil)
 	cancelWarm()
 	pid := a.cmd.Process.Pid
 	before, err := hostile.ReadUsage(pid)
@@ -290,7 +275,7 @@ func runAttack(t *testing.T, run *attackRun) {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), c.duration)
+	ctx, cancel := context.WithTimeout(context.Background(), c.spec.Duration)
 	defer cancel()
 	// A build that does not hold is stopped before it takes the
 	// machine's memory.
@@ -309,20 +294,26 @@ func runAttack(t *testing.T, run *attackRun) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		auth = hostile.LegitHTTP(ctx, "http://"+a.addr+"/auth", c.legitSource, legitEvery, 5*time.Second, []int{200, 429})
+		auth = hostile.LegitHTTP(ctx, "http://"+a.addr+"/auth", c.legitSource, legitEvery, legitTimeout, []int{200, 429})
 	}()
 	go func() {
 		defer wg.Done()
-		check = hostile.LegitCheck(ctx, target.grpc, c.legitSource, "198.51.100.10", legitEvery, 5*time.Second, nil)
+		check = hostile.LegitCheck(ctx, target.grpc, c.legitSource, "198.51.100.10", legitEvery, legitTimeout, nil)
 	}()
-	tally := c.attack(ctx, target)
+	spec := c.spec
+	spec.Addr = map[string]string{portGRPC: target.grpc, portHTTP: a.addr, portAdmin: target.admin}[c.port]
+	seen, err := runAttackChild(spec)
+	cancel()
 	wg.Wait()
+	if err != nil {
+		t.Fatalf("the attacker: %v", err)
+	}
 	run.ended = time.Now()
 	peak, cpu, werr := w.Stop()
 	run.row.PeakRSS, run.row.CPU = peak, cpu
 	run.row.AuthP99, run.row.CheckP99 = auth.String(), check.String()
-	run.row.Outcome = tally.String()
-	t.Logf("%s: RSS %s → peak %s; CPU %.2fs; /auth %s; Check %s; attacker: %s", c.name, hostile.MiB(before.RSS), hostile.MiB(peak), cpu.Seconds(), auth, check, tally)
+	run.row.Outcome = seen.String()
+	t.Logf("%s: RSS %s → peak %s; CPU %.2fs; /auth %s; Check %s; attacker: %s", c.name, hostile.MiB(before.RSS), hostile.MiB(peak), cpu.Seconds(), auth, check, seen)
 	if werr != nil {
 		t.Fatalf("authlimit: %v (it ended during the attack?)\n%s", werr, tail(a.log, 20))
 	}
@@ -330,7 +321,7 @@ func runAttack(t *testing.T, run *attackRun) {
 		t.Errorf("peak RSS %s, want at most %s", hostile.MiB(peak), hostile.MiB(hostileRSS))
 	}
 	if c.maxCPU > 0 && cpu > c.maxCPU {
-		t.Errorf("authlimit used %.2fs of CPU in %s, want at most %.2fs", cpu.Seconds(), c.duration, c.maxCPU.Seconds())
+		t.Errorf("authlimit used %.2fs of CPU in %s, want at most %.2fs", cpu.Seconds(), c.spec.Duration, c.maxCPU.Seconds())
 	}
 	if auth.Failures() > 0 || auth.Calls() == 0 {
 		t.Errorf("/auth during the attack: %s", auth)
@@ -339,9 +330,57 @@ func runAttack(t *testing.T, run *attackRun) {
 		t.Errorf("Check during the attack: %s", check)
 	}
 	if c.check != nil {
-		c.check(t, tally, target)
+		c.check(t, seen, target)
 	}
 	if a.exited() {
 		t.Fatalf("authlimit exited during the attack:\n%s", tail(a.log, 20))
 	}
+}
+
+// attackEnv, set in the environment of the test binary, makes it the
+// attacker: it runs the attack the variable's JSON names (a hostile.Spec)
+// and writes what it saw (hostile.Counts, JSON) to its standard output.
+const attackEnv = "AUTHLIMIT_E2E_ATTACK"
+
+// runAttackChild runs spec in a process of its own, the test binary
+// again, so that the attacker's goroutines do not take the well-behaved
+// clients' share of this process's scheduler.
+func runAttackChild(spec hostile.Spec) (hostile.Counts, error) {
+	var seen hostile.Counts
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return seen, err
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), attackEnv+"="+string(b))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return seen, fmt.Errorf("%v: %s", err, stderr.String())
+	}
+	if err := json.Unmarshal(out, &seen); err != nil {
+		return seen, fmt.Errorf("its report %q: %v", out, err)
+	}
+	return seen, nil
+}
+
+// attackChild is the attacker process's whole work; its result is the
+// process's exit code.
+func attackChild(specJSON string) int {
+	var spec hostile.Spec
+	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "attack:", err)
+		return 2
+	}
+	seen, err := hostile.Run(context.Background(), spec)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "attack:", err)
+		return 2
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(seen); err != nil {
+		fmt.Fprintln(os.Stderr, "attack:", err)
+		return 2
+	}
+	return 0
 }

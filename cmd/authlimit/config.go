@@ -76,6 +76,7 @@ type config struct {
 	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"500ms"`
 	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS"` // default in defaultConfig
 	MaxHeaderBytes        int           `env:"MAX_HEADER_BYTES" envDefault:"32768"`
+	MaxBufferedBytes      int64         `env:"MAX_BUFFERED_BYTES" envDefault:"33554432"`
 	MaxConns              int           `env:"MAX_CONNS"` // unset: derived from the open file limit
 	ShutdownTimeout       time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
 	LogLevel              string        `env:"LOG_LEVEL" envDefault:"info"`
@@ -231,6 +232,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
 	grpcSettings(&c, s, problem)
 	adminSettings(&c, s, problem)
+	memorySettings(&c, problem)
 
 	_, rulesSet := environ[envPrefix+"RULES"]
 	switch {
@@ -733,6 +735,7 @@ func (s *settings) describe() string {
 		w("max conns", "no cap: the open file limit is unknown")
 	}
 	s.describeAdmin(w)
+	s.describeMemory(w)
 	suffix := ""
 	switch {
 	case s.defaultRules:

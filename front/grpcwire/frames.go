@@ -22,6 +22,9 @@ func (c *conn) frame(f http2.Frame) error {
 		if f.StreamID%2 == 0 {
 			return connError{http2.ErrCodeProtocol, "even stream id"}
 		}
+		if !c.growBlock(len(f.HeaderBlockFragment()), false) {
+			return errBlockBudget
+		}
 		c.rd.block = append(c.rd.block[:0], f.HeaderBlockFragment()...)
 		c.rd.blockID, c.rd.blockEnd = f.StreamID, f.StreamEnded()
 		if f.HeadersEnded() {
@@ -29,6 +32,9 @@ func (c *conn) frame(f http2.Frame) error {
 		}
 		return c.checkBlock()
 	case *http2.ContinuationFrame:
+		if !c.growBlock(len(f.HeaderBlockFragment()), true) {
+			return errBlockBudget
+		}
 		c.rd.block = append(c.rd.block, f.HeaderBlockFragment()...)
 		if f.HeadersEnded() {
 			return c.headers()
@@ -86,6 +92,10 @@ func (c *conn) controlLocked() error {
 	c.flushLocked()
 	return nil
 }
+
+// errBlockBudget ends a connection whose header block finds no room in
+// the memory budget.
+var errBlockBudget = connError{http2.ErrCodeEnhanceYourCalm, "header block beyond the memory budget"}
 
 // errFlood ends a connection whose client does not read the answers to
 // its control frames.

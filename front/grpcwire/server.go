@@ -16,6 +16,7 @@ import (
 
 	"github.com/authlimit/authlimit/internal/acceptwait"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // ErrServerStopped is Serve's error once Stop or GracefulStop was called.
@@ -29,6 +30,7 @@ const (
 	DefaultPrefaceTimeout       = 10 * time.Second
 	DefaultIdleTimeout          = 5 * time.Minute
 	DefaultWriteTimeout         = 10 * time.Second
+	DefaultRequestTimeout       = 10 * time.Second
 )
 
 // Options bound what a client may hold of the server. Zero fields take
@@ -65,6 +67,17 @@ type Options struct {
 	// half of it), and how long a response may wait for the client to
 	// open its flow-control window.
 	WriteTimeout time.Duration
+	// RequestTimeout bounds a request, from its HEADERS to the end of its
+	// message: one that takes longer is reset (CANCEL), within a quarter
+	// more. Envoy sends a call whole at once.
+	RequestTimeout time.Duration
+	// Budget, if set, bounds the memory every connection's unfinished
+	// calls hold together, with the other ports' (see package
+	// membudget): each open stream, its request's buffer, and a header
+	// block larger than a frame. A call that finds no room is answered
+	// RESOURCE_EXHAUSTED at once; a connection that holds the most when
+	// another's call needs room is closed.
+	Budget *membudget.Budget
 	//
 	// The connection's reader looks at these every interval of
 	// min(IdleTimeout, max(WriteTimeout, 1s)): a connection idle for a
@@ -96,6 +109,9 @@ func (o *Options) fill() {
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = DefaultRequestTimeout
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)

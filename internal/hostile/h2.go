@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,49 +35,37 @@ type Tally struct {
 	Closed  atomic.Int64 // connections the server closed (EOF, reset)
 }
 
+// Counts is a tally's figures at one moment, for a report or to pass
+// between processes.
+type Counts struct {
+	Dials, Refused, Streams, Frames, Answers, Resets, Calm, GoAways, Closed int64
+}
+
+// Counts reads the tally.
+func (t *Tally) Counts() Counts {
+	return Counts{Dials: t.Dials.Load(), Refused: t.Refused.Load(), Streams: t.Streams.Load(), Frames: t.Frames.Load(),
+		Answers: t.Answers.Load(), Resets: t.Resets.Load(), Calm: t.Calm.Load(), GoAways: t.GoAways.Load(), Closed: t.Closed.Load()}
+}
+
 // String sums the tally up for a table's outcome cell.
-func (t *Tally) String() string {
-	var b bytes.Buffer
-	add := func(name string, v *atomic.Int64) {
-		if n := v.Load(); n > 0 {
-			if b.Len() > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(name + " " + itoa(n))
+func (t *Tally) String() string { return t.Counts().String() }
+
+// String sums the counts up for a table's outcome cell.
+func (c Counts) String() string {
+	var parts []string
+	for _, f := range []struct {
+		name string
+		n    int64
+	}{
+		{"connections", c.Dials}, {"refused at once", c.Refused}, {"streams", c.Streams}, {"frames", c.Frames},
+		{"answered", c.Answers}, {"RST_STREAM", c.Resets}, {"GOAWAY ENHANCE_YOUR_CALM", c.Calm},
+		{"other GOAWAY", c.GoAways}, {"closed by the server", c.Closed},
+	} {
+		if f.n > 0 {
+			parts = append(parts, f.name+" "+strconv.FormatInt(f.n, 10))
 		}
 	}
-	add("connections", &t.Dials)
-	add("refused at once", &t.Refused)
-	add("streams", &t.Streams)
-	add("frames", &t.Frames)
-	add("answered", &t.Answers)
-	add("RST_STREAM", &t.Resets)
-	add("GOAWAY ENHANCE_YOUR_CALM", &t.Calm)
-	add("other GOAWAY", &t.GoAways)
-	add("closed by the server", &t.Closed)
-	return b.String()
-}
-
-func itoa(n int64) string {
-	return string(appendInt(nil, n))
-}
-
-func appendInt(b []byte, n int64) []byte {
-	if n < 0 {
-		b = append(b, '-')
-		n = -n
-	}
-	var d [20]byte
-	i := len(d)
-	for {
-		i--
-		d[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			break
-		}
-	}
-	return append(b, d[i:]...)
+	return strings.Join(parts, ", ")
 }
 
 // h2conn is one attacking HTTP/2 connection. Frames are written through
