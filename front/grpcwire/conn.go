@@ -102,6 +102,11 @@ type readerState struct {
 	// tick counts the read deadlines passed, every requestTick; checked
 	// is the tick of the last check of the connection's timeouts.
 	tick, checked uint64
+	// idleFrames counts the frames that moved nothing forward since
+	// idleSince (see idleFrame).
+	idleFrames    int
+	idleSince     time.Time
+	settingsAcked bool // the client acknowledged the server's SETTINGS
 }
 
 // sharedState is what the reader, the handlers and the writers share,
@@ -405,6 +410,9 @@ func (c *conn) readFrames() error {
 				c.resetStream(se.StreamID, se.Code)
 				if c.rd.flooded {
 					return errFlood
+				}
+				if err := c.idleFrame(); err != nil {
+					return err
 				}
 				continue
 			}

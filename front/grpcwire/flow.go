@@ -146,6 +146,10 @@ func (c *conn) windowUpdate(f *http2.WindowUpdateFrame) error {
 	} else if f.StreamID > c.sh.maxStream {
 		c.mu.Unlock()
 		return connError{http2.ErrCodeProtocol, "WINDOW_UPDATE on an idle stream"}
+	} else {
+		// A stream that is gone.
+		c.mu.Unlock()
+		return c.idleFrame()
 	}
 	c.pushBlockedLocked()
 	c.flushLocked()

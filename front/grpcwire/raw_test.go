@@ -28,6 +28,8 @@ type raw struct {
 	settings map[http2.SettingID]uint32
 	// answers are the streams read so far.
 	answers map[uint32]*answer
+	// open is a header block left open, for a test to end.
+	open []byte
 }
 
 // rawDial connects, sends the preface and settings, and reads the
