@@ -83,6 +83,7 @@ type config struct {
 	LogFormat             string        `env:"LOG_FORMAT" envDefault:"json"`
 	PprofListen           string        `env:"PPROF_LISTEN"`
 	GRPCListen            string        `env:"GRPC_LISTEN"`
+	GRPCTrustedPeers      []string      `env:"GRPC_TRUSTED_PEERS"`
 	RLSConfig             string        `env:"RLS_CONFIG"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
 	AdminToken            string        `env:"ADMIN_TOKEN"`
@@ -102,6 +103,7 @@ type settings struct {
 	rulesHash     string // of the rules in force, see rulesHash
 	failMode      guard.FailMode
 	trusted       []netip.Prefix
+	grpcPeers     []netip.Prefix // the peers the gRPC listener serves
 	allow, block  []netip.Prefix
 	logLevel      slog.Level
 	redisOptions  *redis.UniversalOptions // nil: the embedded memory store
@@ -276,6 +278,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	}
 	s.allow = parsePrefixes("ALLOW_CIDRS", c.AllowCIDRs, problem)
 	s.block = parsePrefixes("BLOCK_CIDRS", c.BlockCIDRs, problem)
+	grpcPeerSettings(&c, s, problem)
 
 	if c.DenyStatus < 400 || c.DenyStatus > 599 {
 		problem("DENY_STATUS", fmt.Errorf("%d is not a 4xx or 5xx status (nginx auth_request passes only 401 and 403: use 403 and map it to 429)", c.DenyStatus))
@@ -726,6 +729,7 @@ func (s *settings) describe() string {
 	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
+	s.describeGRPCPeers(w)
 	switch {
 	case s.MaxConns > 0:
 		w("max conns", fmt.Sprint(s.MaxConns))

@@ -91,6 +91,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		// once a second.
 		{"breaker max backoff above 1s", map[string]string{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "2s"}, "AUTHLIMIT_BREAKER_MAX_BACKOFF", "2s is not between 1ms and 1s: an open circuit waits up to this long between probes"},
 		{"breaker max backoff zero", map[string]string{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "0s"}, "AUTHLIMIT_BREAKER_MAX_BACKOFF", "0s is not between 1ms and 1s"},
+		{"grpc peers not CIDRs", map[string]string{"AUTHLIMIT_GRPC_LISTEN": ":8081", "AUTHLIMIT_GRPC_TRUSTED_PEERS": "10.0.0.0/8,gateway"}, "AUTHLIMIT_GRPC_TRUSTED_PEERS", `"gateway" is not a CIDR or an IP address`},
+		{"grpc with no proxy trusted and no peers", map[string]string{"AUTHLIMIT_GRPC_LISTEN": ":8081", "AUTHLIMIT_TRUSTED_PROXIES": "none"}, "AUTHLIMIT_GRPC_TRUSTED_PEERS", "unset, and AUTHLIMIT_TRUSTED_PROXIES trusts no one: no peer could call the gRPC port"},
 		{"buffered bytes below 1 MiB", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "65536"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", "65536 is less than 1048576 (1 MiB, and 4 requests of AUTHLIMIT_MAX_HEADER_BYTES)"},
 		{"buffered bytes below 4 header blocks", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "2000000", "AUTHLIMIT_MAX_HEADER_BYTES": "1048576"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", "2000000 is less than 4194304"},
 		{"buffered bytes not a number", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "32MiB"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", `"32MiB" is not`},

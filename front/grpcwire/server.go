@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +58,14 @@ type Options struct {
 	// Accepted, if set, is called for each connection the server keeps
 	// (not for those closed at once beyond the cap).
 	Accepted func()
+	// Peers, if not empty, are the only addresses a connection is served
+	// from: one from elsewhere is closed at once, before a byte of it is
+	// read, and Refused, if set, is called with its address. The calls'
+	// messages name the client a call is for (Check's source address,
+	// ShouldRateLimit's descriptors): a peer that may call may spend any
+	// client's quota.
+	Peers   []netip.Prefix
+	Refused func(net.Addr)
 	// PrefaceTimeout bounds a new connection's wait for the client's
 	// preface and first SETTINGS.
 	PrefaceTimeout time.Duration
@@ -396,6 +405,13 @@ func (s *Server) Serve(l net.Listener) error {
 			continue
 		}
 		wait = 0
+		if !s.trusts(nc.RemoteAddr()) {
+			if s.opts.Refused != nil {
+				s.opts.Refused(nc.RemoteAddr())
+			}
+			_ = nc.Close()
+			continue
+		}
 		if !s.opts.Conns.Take() {
 			_ = nc.Close()
 			continue
@@ -416,6 +432,25 @@ func (s *Server) Serve(l net.Listener) error {
 		}
 		go c.serve()
 	}
+}
+
+// trusts reports whether a connection from a is served: Options.Peers
+// holds it, or is empty.
+func (s *Server) trusts(a net.Addr) bool {
+	if len(s.opts.Peers) == 0 {
+		return true
+	}
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	for _, p := range s.opts.Peers {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // forget drops a closed connection.
