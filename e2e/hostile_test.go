@@ -151,6 +151,17 @@ func TestHostile(t *testing.T) {
 			spec: hostile.Spec{Kind: hostile.KindConnFloodH2, Duration: 8 * time.Second, Conns: 4200},
 		},
 		{
+			name: "untrusted peer (whole Check calls for another client, from outside AUTHLIMIT_GRPC_TRUSTED_PEERS) on 4 connections", port: portGRPC,
+			env:         map[string]string{"AUTHLIMIT_GRPC_TRUSTED_PEERS": "127.0.0.2"},
+			legitSource: "127.0.0.2",
+			spec:        hostile.Spec{Kind: hostile.KindWholeCalls, Duration: 4 * time.Second, Conns: 4, Msg: msg},
+			check: func(t *testing.T, seen hostile.Counts, _ *hostileTarget) {
+				if seen.Answers > 0 || seen.Closed == 0 {
+					t.Errorf("the untrusted peer: %s; want every connection closed, no call answered", seen)
+				}
+			},
+		},
+		{
 			name: "unfinished headers (30 KB, never ended) on 2000 connections", port: portHTTP, memory: true,
 			spec: hostile.Spec{Kind: hostile.KindHeldHeaders, Duration: 8 * time.Second, Conns: 2000, Size: 30_000, Path: "/auth"},
 		},

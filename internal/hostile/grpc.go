@@ -298,6 +298,37 @@ func SlowReader(ctx context.Context, addr string, conns int, msg []byte) *Tally 
 	})
 }
 
+// WholeCalls makes whole calls (msg), one at a time on each of conns
+// connections, reading each answer: what a well-behaved client does,
+// from where it should not (a peer the server does not trust, say).
+func WholeCalls(ctx context.Context, addr string, conns int, msg []byte) *Tally {
+	return attackH2(ctx, addr, conns, true, nil, func(ctx context.Context, h *h2conn) error {
+		block := h.block()
+		for ctx.Err() == nil {
+			id := h.open()
+			if err := h.write(func(fr *http2.Framer) error {
+				if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}); err != nil {
+					return err
+				}
+				return fr.WriteData(id, true, msg)
+			}); err != nil {
+				return err
+			}
+			h.tally.Frames.Add(2)
+			h.mu.Lock()
+			for _, open := h.streams[id]; open && !h.ended && ctx.Err() == nil; _, open = h.streams[id] {
+				h.changed.Wait()
+			}
+			ended := h.ended
+			h.mu.Unlock()
+			if ended {
+				return errEnded
+			}
+		}
+		return nil
+	})
+}
+
 // ConnFloodH2 opens conns connections that send the preface and SETTINGS
 // and nothing more, and holds them; one the server closes is opened
 // again.

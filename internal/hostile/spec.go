@@ -22,7 +22,7 @@ type Spec struct {
 	Frame    EmptyFrame    // EmptyFrameFlood: the frame
 	Interval time.Duration // SlowLoris: between bytes
 	Path     string        // HeldHeaders, SlowLoris: the request's path
-	Msg      []byte        // RapidReset, ZeroWindow, SlowReader: a call's framed message
+	Msg      []byte        // RapidReset, ZeroWindow, SlowReader, WholeCalls: a call's framed message
 }
 
 // The kinds of attack a Spec names.
@@ -36,6 +36,7 @@ const (
 	KindZeroWindow   = "zero window"
 	KindSlowReader   = "slow reader"
 	KindConnFloodH2  = "HTTP/2 connection flood"
+	KindWholeCalls   = "whole calls"
 	KindHeldHeaders  = "held headers"
 	KindSlowLoris    = "slowloris"
 	KindConnFloodTCP = "TCP connection flood"
@@ -65,6 +66,8 @@ func Run(ctx context.Context, s Spec) (Counts, error) {
 		t = SlowReader(ctx, s.Addr, s.Conns, s.Msg)
 	case KindConnFloodH2:
 		t = ConnFloodH2(ctx, s.Addr, s.Conns)
+	case KindWholeCalls:
+		t = WholeCalls(ctx, s.Addr, s.Conns, s.Msg)
 	case KindHeldHeaders:
 		t = HeldHeaders(ctx, s.Addr, s.Path, s.Conns, s.Size)
 	case KindSlowLoris:
