@@ -12,12 +12,16 @@ import (
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
-// TestREADMEDocumentsEveryMetric: every metric family authlimit exports,
+// metricsDoc holds the metrics table, a row per metric family.
+const metricsDoc = "../../docs/operations.md"
+
+// TestDocsDocumentEveryMetric: every metric family authlimit exports,
 // with Redis, the gRPC services and both fronts in use, has a row in
-// README's metrics table. A family only appears once one of its series has
-// a value, so the test first makes every front decide and deny.
-func TestREADMEDocumentsEveryMetric(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// the metrics table of docs/operations.md. A family only appears once one
+// of its series has a value, so the test first makes every front decide
+// and deny.
+func TestDocsDocumentEveryMetric(t *testing.T) {
+	readme, err := os.ReadFile(metricsDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +33,7 @@ func TestREADMEDocumentsEveryMetric(t *testing.T) {
 		}
 	}
 	if len(documented) < 10 {
-		t.Fatalf("found %d metric rows in README; has its table moved?", len(documented))
+		t.Fatalf("found %d metric rows in %s; has its table moved?", len(documented), metricsDoc)
 	}
 
 	srv := redistest.New(t)
@@ -72,6 +76,6 @@ func TestREADMEDocumentsEveryMetric(t *testing.T) {
 	}
 	sort.Strings(missing)
 	if len(missing) > 0 {
-		t.Errorf("exported but not in README's metrics table:\n  %s", strings.Join(missing, "\n  "))
+		t.Errorf("exported but not in the metrics table of %s:\n  %s", metricsDoc, strings.Join(missing, "\n  "))
 	}
 }

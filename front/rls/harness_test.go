@@ -11,7 +11,7 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -23,6 +23,7 @@ import (
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 // env is a Service behind a real gRPC server on a loopback port, deciding
@@ -79,6 +80,12 @@ func start(t testing.TB, kind storeKind, files ...string) *env {
 
 func startWith(t testing.TB, kind storeKind, mode guard.FailMode, files ...string) *env {
 	t.Helper()
+	return startOpts(t, kind, mode, nil, files...)
+}
+
+// startOpts is startWith, the service's options changed by mod.
+func startOpts(t testing.TB, kind storeKind, mode guard.FailMode, mod func(*Options), files ...string) *env {
+	t.Helper()
 	cfg := parseConfig(t, files...)
 	e := &env{reg: prometheus.NewRegistry()}
 	opts := guard.Options{
@@ -98,14 +105,14 @@ func startWith(t testing.TB, kind storeKind, mode guard.FailMode, files ...strin
 		opts.Store = m
 	case redisStore:
 		e.redis = redistest.New(t)
-		rs := algo.NewRedis(e.redis.Client(t), algo.RedisOptions{Prefix: e.redis.Prefix(t), Timeout: 2 * time.Second})
+		rs := redis.New(e.redis.Client(t), redis.Options{Prefix: e.redis.Prefix(t), Timeout: 2 * time.Second})
 		t.Cleanup(func() { _ = rs.Close() })
 		opts.Store, opts.Remote = rs, true
 	case clusterStore:
 		c := redistest.NewCluster(t)
-		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+		client := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.Addrs})
 		t.Cleanup(func() { _ = client.Close() })
-		rs := algo.NewRedis(client, algo.RedisOptions{Prefix: "rls" + strconv.FormatInt(time.Now().UnixNano(), 36), Timeout: 2 * time.Second})
+		rs := redis.New(client, redis.Options{Prefix: "rls" + strconv.FormatInt(time.Now().UnixNano(), 36), Timeout: 2 * time.Second})
 		t.Cleanup(func() { _ = rs.Close() })
 		opts.Store, opts.Remote = rs, true
 	}
@@ -117,7 +124,11 @@ func startWith(t testing.TB, kind storeKind, mode guard.FailMode, files ...strin
 		t.Fatalf("guard.Start: %v", err)
 	}
 	t.Cleanup(g.Close)
-	e.svc, err = New(Options{Config: cfg, Engine: newEngine(t, g, e.reg, false), Registry: e.reg})
+	opts2 := Options{Config: cfg, Engine: newEngine(t, g, e.reg, false), Registry: e.reg}
+	if mod != nil {
+		mod(&opts2)
+	}
+	e.svc, err = New(opts2)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
