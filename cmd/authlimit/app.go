@@ -21,6 +21,7 @@ import (
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/membudget"
 	"github.com/authlimit/authlimit/rules"
 	"github.com/authlimit/authlimit/ruleset"
 	"github.com/authlimit/authlimit/store/redis"
@@ -43,6 +44,9 @@ type app struct {
 	// connCap is AUTHLIMIT_MAX_CONNS over the decision listener and the
 	// gRPC listener together.
 	connCap *conncap.Cap
+	// budget is AUTHLIMIT_MAX_BUFFERED_BYTES over every port's
+	// unfinished requests.
+	budget *membudget.Budget
 	// stopping is closed when shutdown begins: it ends the holds of shaped
 	// requests (see hold).
 	stopping chan struct{}
@@ -96,8 +100,12 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.conns = newConnMetrics(a.reg)
 	a.connCap = conncap.New(s.maxConns, a.conns.rejected.Inc)
+	stopReleaser := make(chan struct{})
+	a.closers = append(a.closers, func() error { close(stopReleaser); return nil })
+	a.budget = newBudget(s, a.reg, func() int64 { return int64(a.connCap.Open()) }, stopReleaser)
 	set, err := ruleset.New(s.rules, s.rls)
 	if err != nil {
+		a.close()
 		return nil, err
 	}
 	a.sets = ruleset.NewHolder(set)

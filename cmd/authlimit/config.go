@@ -73,12 +73,14 @@ type config struct {
 	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"500ms"`
 	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS"` // default in defaultConfig
 	MaxHeaderBytes        int           `env:"MAX_HEADER_BYTES" envDefault:"32768"`
+	MaxBufferedBytes      int64         `env:"MAX_BUFFERED_BYTES" envDefault:"33554432"`
 	MaxConns              int           `env:"MAX_CONNS"` // unset: derived from the open file limit
 	ShutdownTimeout       time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
 	LogLevel              string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat             string        `env:"LOG_FORMAT" envDefault:"json"`
 	PprofListen           string        `env:"PPROF_LISTEN"`
 	GRPCListen            string        `env:"GRPC_LISTEN"`
+	GRPCTrustedPeers      []string      `env:"GRPC_TRUSTED_PEERS"`
 	RLSConfig             string        `env:"RLS_CONFIG"`
 	RLSResponseMetadata   bool          `env:"RLS_RESPONSE_METADATA" envDefault:"false"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
@@ -111,6 +113,7 @@ type settings struct {
 	rlsHash       string // of AUTHLIMIT_RLS_CONFIG's files, see hashRLS
 	failMode      guard.FailMode
 	trusted       []netip.Prefix
+	grpcPeers     []netip.Prefix // the peers the gRPC listener serves
 	allow, block  []netip.Prefix
 	logLevel      slog.Level
 	redisOptions  *goredis.UniversalOptions // nil: the embedded memory store
@@ -176,9 +179,11 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		storeSettings,
 		grpcSettings,
 		adminSettings,
+		memorySettings,
 		topSettings,
 		ruleSettings,
 		clientSettings,
+		grpcPeerSettings,
 		decisionSettings,
 		limitSettings,
 		logSettings,

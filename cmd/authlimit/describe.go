@@ -48,6 +48,7 @@ func (s *settings) describe() string {
 	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
+	s.describeGRPCPeers(w)
 	switch {
 	case s.MaxConns > 0:
 		w("max conns", fmt.Sprint(s.MaxConns))
@@ -57,6 +58,7 @@ func (s *settings) describe() string {
 		w("max conns", "no cap: the open file limit is unknown")
 	}
 	s.describeAdmin(w)
+	s.describeMemory(w)
 	s.describeTop(w)
 	suffix := fmt.Sprintf(" (hash %s)", s.rulesHash)
 	switch {

@@ -77,6 +77,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 
 	log := newLogger(s, stderr)
+	setRuntimeLimit(envMap(environ), log)
 	if fdErr != nil {
 		log.Warn("could not raise the open file limit", "err", fdErr, "limit", fdLimit)
 	}
