@@ -347,6 +347,7 @@ func TestHelmTemplate(t *testing.T) {
 		"ci/admin-values.yaml":          {divisor: "2", pdb: true, networkPolicy: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"admin"}},
 		"ci/rls-values.yaml":            {divisor: "2", pdb: true, redis: true, rulesMap: "rl-authlimit-rules", rlsMap: "ratelimit-config", extraPorts: []string{"grpc"}},
 		"examples/envoy-values.yaml":    {divisor: "2", pdb: true, redis: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"grpc"}},
+		"ci/grpc-peers-values.yaml":     {divisor: "2", pdb: true, networkPolicy: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"grpc"}},
 	}
 	files := chartValuesFiles(t)
 	for _, f := range files {
@@ -709,6 +710,31 @@ func TestHelmGRPC(t *testing.T) {
 	// knows it (the configuration reference lists it).
 	if strings.Contains(string(readRepo(t, "docs/configuration.md")), "| `AUTHLIMIT_GRPC_LISTEN`") {
 		checkChartEnv(t, r, chartWant{divisor: "2", rulesMap: "rl-authlimit-rules"})
+	}
+}
+
+// TestHelmGRPCPeers: networkPolicy.grpcFrom opens the gRPC port to the
+// gateway's pods alone, and the decision port to networkPolicy.from
+// alone; without it, both go to networkPolicy.from.
+func TestHelmGRPCPeers(t *testing.T) {
+	peers := func(r *chartObjects) map[string][]string {
+		out := map[string][]string{}
+		for _, in := range r.networkPolicy.Spec.Ingress {
+			for _, p := range in.Ports {
+				for _, f := range in.From {
+					out[p.Port.String()] = append(out[p.Port.String()], f.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
+				}
+			}
+		}
+		return out
+	}
+	r := helmTemplate(t, "-f", filepath.Join(chartDir, "ci/grpc-peers-values.yaml"))
+	if got, want := peers(r), map[string][]string{"http": {"ingress-nginx"}, "grpc": {"envoy-gateway-system"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("with grpcFrom, the ports are open to %v, want %v", got, want)
+	}
+	r = helmTemplate(t, "-f", filepath.Join(chartDir, "ci/grpc-peers-values.yaml"), "--set", "networkPolicy.grpcFrom=null")
+	if got, want := peers(r), map[string][]string{"http": {"ingress-nginx"}, "grpc": {"ingress-nginx"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("without grpcFrom, the ports are open to %v, want %v", got, want)
 	}
 }
 

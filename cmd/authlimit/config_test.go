@@ -91,6 +91,11 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		// once a second.
 		{"breaker max backoff above 1s", map[string]string{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "2s"}, "AUTHLIMIT_BREAKER_MAX_BACKOFF", "2s is not between 1ms and 1s: an open circuit waits up to this long between probes"},
 		{"breaker max backoff zero", map[string]string{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "0s"}, "AUTHLIMIT_BREAKER_MAX_BACKOFF", "0s is not between 1ms and 1s"},
+		{"grpc peers not CIDRs", map[string]string{"AUTHLIMIT_GRPC_LISTEN": ":8081", "AUTHLIMIT_GRPC_TRUSTED_PEERS": "10.0.0.0/8,gateway"}, "AUTHLIMIT_GRPC_TRUSTED_PEERS", `"gateway" is not a CIDR or an IP address`},
+		{"grpc with no proxy trusted and no peers", map[string]string{"AUTHLIMIT_GRPC_LISTEN": ":8081", "AUTHLIMIT_TRUSTED_PROXIES": "none"}, "AUTHLIMIT_GRPC_TRUSTED_PEERS", "unset, and AUTHLIMIT_TRUSTED_PROXIES trusts no one: no peer could call the gRPC port"},
+		{"buffered bytes below 1 MiB", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "65536"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", "65536 is less than 1048576 (1 MiB, and 4 requests of AUTHLIMIT_MAX_HEADER_BYTES)"},
+		{"buffered bytes below 4 header blocks", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "2000000", "AUTHLIMIT_MAX_HEADER_BYTES": "1048576"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", "2000000 is less than 4194304"},
+		{"buffered bytes not a number", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "32MiB"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", `"32MiB" is not`},
 		{"breaker backoff above max backoff", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "800ms"}, "AUTHLIMIT_BREAKER_BACKOFF", "800ms is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (500ms)"},
 		{"breaker backoff above max backoff, both set", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "300ms", "AUTHLIMIT_BREAKER_MAX_BACKOFF": "200ms"}, "AUTHLIMIT_BREAKER_BACKOFF", "300ms is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (200ms)"},
 		{"breaker backoff above 1s", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "5s"}, "AUTHLIMIT_BREAKER_BACKOFF", "5s is not between 1ms and 1s"},
