@@ -228,7 +228,6 @@ func (a *app) newHandler(_ context.Context, s *settings) error {
 		HostHeader:   s.HostHeader,
 		URLHeader:    s.URLHeader,
 		Registry:     a.reg,
-		Logger:       a.log,
 		Sleep:        a.hold,
 	})
 	a.handler = h
