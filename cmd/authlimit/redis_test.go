@@ -33,6 +33,20 @@ func ownRedis(t *testing.T) *redistest.Server {
 	return srv
 }
 
+// stopRedis stops srv and lets the Redis store's connections be idle for
+// longer than it trusts one unchecked (store/redis's idleCheck, 1ms): the
+// next decision then finds its connection closed and redials, and a
+// refused dial is the fail mode's to answer. A decision sent within that
+// millisecond on a connection Redis has closed reads an EOF, which may
+// follow a decision Redis made, and is answered 503 in every mode: tests
+// that hold the fail mode's answers wait past it, as any Redis that dies
+// more than a millisecond after its last decision is noticed.
+func stopRedis(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	srv.Stop(t)
+	time.Sleep(10 * time.Millisecond)
+}
+
 func redisEnv(srv *redistest.Server, prefix string, kv ...string) map[string]string {
 	return with(map[string]string{
 		"AUTHLIMIT_REDIS_URL":       srv.URL,
@@ -95,7 +109,7 @@ func TestFailModes(t *testing.T) {
 			srv := ownRedis(t)
 			app := startApp(t, redisEnv(srv, "fail", "AUTHLIMIT_RULES", "name=r limit=4/1m", "AUTHLIMIT_FAIL_MODE", tc.mode, "AUTHLIMIT_LOCAL_DIVISOR", "2"))
 			wantStatus(t, app.do(t, authFrom("203.0.113.7")), 200, "with Redis up")
-			srv.Stop(t)
+			stopRedis(t, srv)
 			for i, want := range tc.wantStatus {
 				r := app.do(t, authFrom("203.0.113.8"))
 				wantStatus(t, r, want, "Redis down, request "+strconv.Itoa(i+1))
@@ -170,7 +184,7 @@ func TestCircuitBreaker(t *testing.T) {
 	srv := ownRedis(t)
 	app := startApp(t, redisEnv(srv, "breaker", "AUTHLIMIT_RULES", "name=r limit=100/1m", "AUTHLIMIT_BREAKER_FAILURES", "3"))
 	wantStatus(t, app.do(t, authFrom("203.0.113.7")), 200, "with Redis up")
-	srv.Stop(t)
+	stopRedis(t, srv)
 	for i := 0; i < 10; i++ {
 		wantStatus(t, app.do(t, authFrom("203.0.113.7")), 200, "Redis down, fail mode local")
 	}
