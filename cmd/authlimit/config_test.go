@@ -25,7 +25,7 @@ import (
 
 // checkEnv runs authlimit -check on env and returns everything it said:
 // the error, stdout and stderr.
-func checkEnv(t *testing.T, env map[string]string) (err error, said string) {
+func checkEnv(t *testing.T, env map[string]string) (said string, err error) {
 	t.Helper()
 	var environ []string
 	for k, v := range env {
@@ -37,7 +37,7 @@ func checkEnv(t *testing.T, env map[string]string) (err error, said string) {
 	if err != nil {
 		said += err.Error()
 	}
-	return err, said
+	return said, err
 }
 
 // configErrors returns the problems loadConfig found, by variable.
@@ -103,7 +103,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err, said := checkEnv(t, tc.env)
+			said, err := checkEnv(t, tc.env)
 			var u usageError
 			if !errors.As(err, &u) {
 				t.Fatalf("-check with %v = %v, want a usage error (exit 2)", tc.env, err)
@@ -147,7 +147,7 @@ func TestCheckHeaders(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err, said := checkEnv(t, tc.env)
+			said, err := checkEnv(t, tc.env)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -269,7 +269,7 @@ func TestRedisURLNeverShowsCredentials(t *testing.T) {
 			}
 			url := "redis://" + tc.userinfo + "@" + host + "/0"
 			env := map[string]string{"AUTHLIMIT_REDIS_URL": url, "AUTHLIMIT_RULES": "name=a limit=1/1m"}
-			err, said := checkEnv(t, env)
+			said, err := checkEnv(t, env)
 			if tc.valid != (err == nil) {
 				t.Fatalf("-check with AUTHLIMIT_REDIS_URL=%s: %v, want valid %v", url, err, tc.valid)
 			}
@@ -415,7 +415,7 @@ func TestCheckRulesThatNeverWork(t *testing.T) {
 		{`name=api key=header:K limit=1/1m; tier rule=api name=pro limit=2/1m`, `AUTHLIMIT_RULES: tier 1 "pro" of rule "api": rule "api": the rule reads no tier`},
 		{`name=api key=header:K limit=1/1m; override rule=api key=k1 limit=2/1x`, `AUTHLIMIT_RULES: override 1 of rule "api": limit "2/1x": unknown unit "x"`},
 	} {
-		err, said := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": tc.rules})
+		said, err := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": tc.rules})
 		var u usageError
 		if !errors.As(err, &u) || !strings.Contains(said, tc.want) {
 			t.Errorf("-check with %q = %v, want a usage error saying %q:\n%s", tc.rules, err, tc.want, said)
