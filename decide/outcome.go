@@ -111,6 +111,11 @@ type Outcome struct {
 	// Body is the application/problem+json body (RFC 9457) of a request
 	// that is not admitted; empty otherwise.
 	Body []byte
+	// Front is the front deciding with this Outcome (Engine.Front), under
+	// whose name the metrics count its requests. A front sets it once;
+	// deciding keeps it. Without one, requests count under the front
+	// "unknown".
+	Front *Front
 
 	reqs   []algo.Request
 	res    []algo.Result

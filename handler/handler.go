@@ -126,6 +126,10 @@ func New(opts Options) (*Handler, error) {
 			return nil, err
 		}
 	}
+	front, err := e.Front("http")
+	if err != nil {
+		return nil, err
+	}
 	h := &Handler{
 		engine:       e,
 		ready:        opts.Ready,
@@ -137,7 +141,7 @@ func New(opts Options) (*Handler, error) {
 		serveMetrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{})),
 		sleep:        opts.Sleep,
 	}
-	h.scratch.New = func() any { return new(scratch) }
+	h.scratch.New = func() any { return &scratch{out: decide.Outcome{Front: front}} }
 	return h, nil
 }
 

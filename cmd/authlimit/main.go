@@ -255,7 +255,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		log.Warn("AUTHLIMIT_REDIS_URL is not set: limits are kept in this instance's memory; replicas do not share them")
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo(version))
 	// A proxy that keeps its connections to authlimit alive opens a few and
 	// reuses them: a count that grows with the requests means it does not
 	// (nginx auth_request without proxy_method HEAD, on every denial).

@@ -529,7 +529,7 @@ func TestReloadLeavesRequestsInFlight(t *testing.T) {
 	}()
 	// The second request is decided at once, then held for its turn,
 	// about 5s: once it is counted, it is in flight.
-	for a.metric(t, `authlimit_requests_total{result="allowed"}`) < 2 {
+	for a.metric(t, `authlimit_requests_total{front="http",result="allowed"}`) < 2 {
 		if time.Since(start) > 3*time.Second {
 			t.Fatal("the second request not decided 3s after it was sent")
 		}

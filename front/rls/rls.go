@@ -92,6 +92,7 @@ type Service struct {
 	limits    map[*envoyconf.Limit]*decide.Limit
 	overrides sync.Map // *envoyconf.Limit → *decide.Limit
 	metrics   *Metrics
+	rls, json *decide.Front // the fronts the metrics count gRPC's and /json's requests under
 	clock     func() time.Time
 	scratch   sync.Pool     // *scratch
 	shape     *pbwire.Shape // RateLimitRequest's, for readRequest
@@ -117,6 +118,13 @@ func New(opts Options) (*Service, error) {
 	}
 	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock,
 		shape: pbwire.NewShape((&pb.RateLimitRequest{}).ProtoReflect().Descriptor())}
+	var err error
+	if s.rls, err = opts.Engine.Front("rls"); err != nil {
+		return nil, err
+	}
+	if s.json, err = opts.Engine.Front("json"); err != nil {
+		return nil, err
+	}
 	for _, l := range opts.Config.Limits() {
 		if l.Policy != nil {
 			s.limits[l] = opts.Engine.NewLimit(l.Policy.Name(), l.Policy)
@@ -209,8 +217,15 @@ func (s *Service) release(sc *scratch) {
 
 // ShouldRateLimit decides a request's descriptors, all or nothing.
 func (s *Service) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	return s.shouldRateLimit(ctx, r, s.rls)
+}
+
+// shouldRateLimit is ShouldRateLimit with its requests counted under
+// front.
+func (s *Service) shouldRateLimit(ctx context.Context, r *pb.RateLimitRequest, front *decide.Front) (*pb.RateLimitResponse, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
+	sc.out.Front = front
 	fromMessage(&sc.req, r)
 	failedOpen, err := s.decide(ctx, sc)
 	s.metrics.count(&sc.ans, failedOpen, err)
@@ -229,6 +244,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest) (
 func (s *Service) ShouldRateLimitWire(ctx context.Context, b, out []byte) ([]byte, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
+	sc.out.Front = s.rls
 	if !readRequest(&sc.req, b, s.shape) {
 		var m pb.RateLimitRequest
 		if err := proto.Unmarshal(b, &m); err != nil {
@@ -256,6 +272,7 @@ func (s *Service) ShouldRateLimitAsync(_ context.Context, b, out []byte, r *grpc
 	}
 	sc.now = s.clock()
 	sc.reply, sc.resp = r, out
+	sc.out.Front = s.rls
 	ask, failedOpen, err := s.begin(sc, sc.now)
 	if !ask {
 		sc.send(failedOpen, err)
