@@ -66,6 +66,14 @@ func buildHelm() (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
 	}
+	unlock, err := lockBuild(bin)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil // built by another run while this one waited
+	}
 	fmt.Fprintf(os.Stderr, "e2e: building Helm %s into %s (several minutes, once)\n", helmVersion, bin)
 	b, err := exec.Command("go", "mod", "download", "-json", "helm.sh/helm/v3@"+helmVersion).Output()
 	if err != nil {
