@@ -160,6 +160,13 @@ func (e *Engine) SetRules(rs []*rules.Rule) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	for _, r := range rs {
+		for _, l := range e.kept {
+			if l.Name == r.Name {
+				return fmt.Errorf("decide: rule %q has the name of a limit of the rate limit service: the metrics would count both as one; rename one", r.Name)
+			}
+		}
+	}
 	if err := e.register(rs); err != nil {
 		return fmt.Errorf("decide: register the rules' policies: %w", err)
 	}

@@ -30,6 +30,7 @@ package rls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -58,10 +59,6 @@ const (
 	// MaxEntries bounds the entries of one descriptor.
 	MaxEntries = 64
 )
-
-// overrideLabel is the metrics' rule label of every limit Envoy sends with
-// a descriptor: there may be up to envoyconf.MaxOverrides of them.
-const overrideLabel = "override"
 
 // Options configure a Service.
 type Options struct {
@@ -125,9 +122,20 @@ func New(opts Options) (*Service, error) {
 	if s.json, err = opts.Engine.Front("json"); err != nil {
 		return nil, err
 	}
+	// A limit's label is its rule label in the metrics: one a rule of
+	// /auth has would merge their counts.
+	rules := map[string]bool{}
+	for _, r := range opts.Engine.Rules() {
+		rules[r.Name] = true
+	}
+	for _, l := range opts.Config.Limits() {
+		if l.Policy != nil && rules[l.Label()] {
+			return nil, fmt.Errorf("rls: the limit %s is named %q, as a rule is: the metrics would count both as one; rename one", l.Key, l.Label())
+		}
+	}
 	for _, l := range opts.Config.Limits() {
 		if l.Policy != nil {
-			s.limits[l] = opts.Engine.NewLimit(l.Policy.Name(), l.Policy)
+			s.limits[l] = opts.Engine.NewLimit(l.Label(), l.Policy)
 		}
 	}
 	s.scratch.New = func() any { return &scratch{srv: s} }
@@ -168,7 +176,7 @@ func (s *Service) limit(l *envoyconf.Limit) *decide.Limit {
 	if d, ok := s.overrides.Load(l); ok {
 		return d.(*decide.Limit)
 	}
-	d, _ := s.overrides.LoadOrStore(l, s.engine.NewLimitCountedAs(l.Policy.Name(), overrideLabel, l.Policy))
+	d, _ := s.overrides.LoadOrStore(l, s.engine.NewLimitCountedAs(l.Policy.Name(), envoyconf.OverrideLabel, l.Policy))
 	return d.(*decide.Limit)
 }
 
@@ -193,6 +201,7 @@ type scratch struct {
 	spans  []span // reqs[i].Key is keys[spans[i]]
 	keys   []byte
 	values []byte // the response headers' values, while they are copied
+	detail []byte // a detailed metric's series, while it is looked up
 	out    decide.Outcome
 	ans    answer
 }
@@ -525,6 +534,12 @@ func (s *Service) respond(r *request, sc *scratch, out *decide.Outcome, now time
 	}
 	if out == nil {
 		return
+	}
+	for _, ap := range sc.apps {
+		if ap.limit.Detailed && ap.req >= 0 && ap.req < len(res) {
+			d := &r.descs[ap.desc]
+			sc.detail = s.metrics.countDetailed(ap.limit, r.entries[d.from:d.to], &res[ap.req], sc.detail)
+		}
 	}
 	if !out.Verdict.Admitted() {
 		// A denial has a denying enforcing limit, whose status says so.
