@@ -45,6 +45,7 @@ type Limit struct {
 
 	quoted  []byte // Name, quoted
 	item    []byte // the RateLimit-Policy item
+	label   string // the metrics' rule label, bounded
 	metrics ruleMetrics
 }
 
@@ -57,6 +58,7 @@ func newLimit(name, label string, p *algo.Policy, m *metrics) *Limit {
 		Policy: p,
 		quoted: []byte(`"` + name + `"`),
 		item:   []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, name, s.Limit, ceilSeconds(s.Window, 1))),
+		label:  label,
 		metrics: ruleMetrics{
 			allowed:      m.decisions.WithLabelValues(label, "allowed"),
 			denied:       m.decisions.WithLabelValues(label, "denied"),
@@ -135,8 +137,13 @@ type Front struct {
 	duration prometheus.Observer
 }
 
-// Name is the front's name, its front label.
-func (f *Front) Name() string { return f.name }
+// Name is the front's name, its front label; "unknown" for a nil Front.
+func (f *Front) Name() string {
+	if f == nil {
+		return unknownFront
+	}
+	return f.name
+}
 
 // frontName is what a front may be called: a label value a query can
 // name without quoting trouble.

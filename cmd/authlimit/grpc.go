@@ -19,6 +19,7 @@ import (
 	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // grpcSettings reads AUTHLIMIT_GRPC_LISTEN and AUTHLIMIT_RLS_CONFIG: the
@@ -56,6 +57,7 @@ func (s *settings) describeRLS(w func(k, v string)) {
 		return
 	}
 	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits())))
+	w("rls metadata", fmt.Sprint(s.RLSResponseMetadata))
 }
 
 // rlsPolicies are the policies the guard must know for the rate-limit
@@ -98,6 +100,7 @@ const readinessInterval = time.Second
 // gRPC server (when AUTHLIMIT_GRPC_LISTEN is set), listening at once so
 // that a port in use stops authlimit at start.
 func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
+	a.rlsMetadata = s.RLSResponseMetadata
 	if s.rls != nil {
 		svc, err := a.newRLS(s.rls, reg)
 		if err != nil {
@@ -113,7 +116,7 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
 	}
-	f := &grpcFront{server: newGRPCServer(a.connCap, a.conns.grpcAccepted, a.log), health: grpcwire.NewHealth(), listener: l,
+	f := &grpcFront{server: newGRPCServer(s, a.connCap, a.budget, a.conns.grpcAccepted, newRefusedPeers(reg, a.log), a.log), health: grpcwire.NewHealth(), listener: l,
 		stopWatch: make(chan struct{}), watched: make(chan struct{})}
 	if err := a.registerServices(f.server, f.health, s); err != nil {
 		_ = l.Close()
@@ -126,17 +129,23 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	return nil
 }
 
-// newGRPCServer is authlimit's gRPC server: h2c, the connection cap it
-// shares with the decision listener, the count of its connections, and its
-// timeouts (a Check held by a shaping rule is answered within the write
-// timeout).
-func newGRPCServer(conns *conncap.Cap, accepted prometheus.Counter, log *slog.Logger) *grpcwire.Server {
+// newGRPCServer is authlimit's gRPC server: h2c, the peers it serves,
+// the connection cap and the memory budget it shares with the decision
+// listener, the count of its connections, and its timeouts (a Check held
+// by a shaping rule is answered within the write timeout; a request
+// arrives whole within the read timeout, as an HTTP request's headers
+// must).
+func newGRPCServer(s *settings, conns *conncap.Cap, budget *membudget.Budget, accepted prometheus.Counter, refused *refusedPeers, log *slog.Logger) *grpcwire.Server {
 	return grpcwire.NewServer(grpcwire.Options{
-		Conns:        conns,
-		Accepted:     accepted.Inc,
-		IdleTimeout:  serverTimeouts.Idle,
-		WriteTimeout: serverTimeouts.Write,
-		Log:          log,
+		Peers:          s.grpcPeers,
+		Refused:        refused.refused,
+		Conns:          conns,
+		Budget:         budget,
+		Accepted:       accepted.Inc,
+		IdleTimeout:    serverTimeouts.Idle,
+		WriteTimeout:   serverTimeouts.Write,
+		RequestTimeout: serverTimeouts.Read,
+		Log:            log,
 	})
 }
 
@@ -151,7 +160,7 @@ func (a *app) newRLS(cfg *envoyconf.Config, reg prometheus.Registerer) (*rls.Ser
 		}
 		a.rlsMetrics = m
 	}
-	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Metrics: a.rlsMetrics})
+	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Metrics: a.rlsMetrics, ResponseMetadata: a.rlsMetadata})
 }
 
 // newRLSReloader reloads AUTHLIMIT_RLS_CONFIG into the service in force.

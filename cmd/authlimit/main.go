@@ -31,11 +31,13 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/internal/conncap"
 	"github.com/authlimit/authlimit/internal/httpconn"
+	"github.com/authlimit/authlimit/internal/membudget"
 	"github.com/authlimit/authlimit/rules"
 	"github.com/authlimit/authlimit/store/redis"
 )
@@ -92,6 +94,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 
 	log := newLogger(s, stderr)
+	setRuntimeLimit(envMap(environ), log)
 	if fdErr != nil {
 		log.Warn("could not raise the open file limit", "err", fdErr, "limit", fdLimit)
 	}
@@ -183,6 +186,9 @@ type app struct {
 	// connCap is AUTHLIMIT_MAX_CONNS over the decision listener and the
 	// gRPC listener together.
 	connCap *conncap.Cap
+	// budget is AUTHLIMIT_MAX_BUFFERED_BYTES over every port's
+	// unfinished requests.
+	budget *membudget.Budget
 	// stopping is closed when shutdown begins: it ends the holds of shaped
 	// requests (see hold).
 	stopping chan struct{}
@@ -197,8 +203,13 @@ type app struct {
 	// rlsMetrics count the rate-limit service's answers, for every
 	// service a reload builds (see newRLS).
 	rlsMetrics *rls.Metrics
+	// rlsMetadata is AUTHLIMIT_RLS_RESPONSE_METADATA.
+	rlsMetadata bool
 	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
 	admin *adminFront
+	// denials keeps the top limited clients, the denial log and the
+	// rules' rates.
+	denials *denials.Recorder
 }
 
 // hold holds a shaped request for d, or until shutdown begins. A shaped
@@ -296,6 +307,9 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	}
 	reg.MustRegister(a.conns.accepted, a.conns.grpcAccepted, a.conns.rejected, a.conns.acceptErrors)
 	a.connCap = conncap.New(s.maxConns, a.conns.rejected.Inc)
+	stopReleaser := make(chan struct{})
+	a.closers = append(a.closers, func() error { close(stopReleaser); return nil })
+	a.budget = newBudget(s, reg, func() int64 { return int64(a.connCap.Open()) }, stopReleaser)
 	var policies []*algo.Policy
 	for _, r := range s.rules {
 		policies = append(policies, r.Policies()...)
@@ -313,13 +327,13 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		Registry:          reg,
 		Logger:            log,
 	}
+	var client goredis.UniversalClient
 	if s.redisOptions == nil {
 		m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 		a.closers = append(a.closers, m.Close)
 		registerMemory(reg, m, "primary")
 		gopts.Store = m
 	} else {
-		var client goredis.UniversalClient
 		if s.redisPlain != nil {
 			client = goredis.NewClient(s.redisPlain)
 		} else {
@@ -379,7 +393,14 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	for _, r := range s.rules {
 		a.union.rules = append(a.union.rules, r.Policy)
 	}
+	a.denials, err = newDenials(s, reg, log, client)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.runDenials()
 	e, err := decide.New(decide.Options{
+		Observer:   a.denials,
 		Rules:      s.rules,
 		Decider:    a.union,
 		AllowCIDRs: s.allow,
