@@ -319,6 +319,19 @@ func (p *Policy) computeMaxCost() int64 {
 // Name returns the policy's name.
 func (p *Policy) Name() string { return p.spec.Name }
 
+// Identity is what a policy is across rule sets: its name and algorithm.
+// Every store keeps a policy's state under its identity (the Redis keys
+// hold both), so a policy rebuilt with other limits, a rule set reloaded,
+// continues its predecessor's counts; every cache of per-policy state is
+// keyed by it too.
+type Identity struct {
+	Name      string
+	Algorithm Algorithm
+}
+
+// Identity returns p's identity.
+func (p *Policy) Identity() Identity { return Identity{p.spec.Name, p.spec.Algorithm} }
+
 // Spec returns the policy's specification with defaults filled in.
 func (p *Policy) Spec() Spec { return p.spec }
 

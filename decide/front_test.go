@@ -11,6 +11,7 @@ import (
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
 // TestFrontsCountApart: each front's requests count under its own front
@@ -29,7 +30,7 @@ func TestFrontsCountApart(t *testing.T) {
 	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = m.Close() })
-	g, err := guard.New(guard.Options{Store: m, Policies: []*algo.Policy{rs[0].Policy, p}})
+	g, err := guard.New(guard.Options{Store: m, Rules: rulesettest.Holder(t, rs, p)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func TestFrontsCountApart(t *testing.T) {
 	var now time.Time
 	clock := func() time.Time { now = now.Add(3 * time.Millisecond); return now }
 	reg := prometheus.NewRegistry()
-	e, err := New(Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: reg, Clock: clock,
+	e, err := New(Options{Rules: rulesettest.Holder(t, rs), Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: reg, Clock: clock,
 		BlockCIDRs: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}})
 	if err != nil {
 		t.Fatal(err)

@@ -42,15 +42,30 @@ const imageMaxBytes = 40 << 20
 // tests look at.
 const busyMachineBudget = "2s"
 
+// podmanRequired: with AUTHLIMIT_E2E_PODMAN=required (as .ci/run sets it)
+// the image tests fail where podman or podman-compose is missing or cannot
+// run, instead of skipping, so that CI cannot pass without testing the
+// image.
+func podmanRequired() bool { return os.Getenv("AUTHLIMIT_E2E_PODMAN") == "required" }
+
+// podmanMissing skips the test, or fails it when podman is required.
+func podmanMissing(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if podmanRequired() {
+		t.Fatalf(format+" (AUTHLIMIT_E2E_PODMAN=required)", args...)
+	}
+	t.Skipf(format, args...)
+}
+
 // podmanBin returns podman, or skips the test where podman cannot run.
 func podmanBin(t *testing.T) string {
 	t.Helper()
 	bin, err := exec.LookPath("podman")
 	if err != nil {
-		t.Skip("podman is not installed, so the image is neither built nor run here (Debian: apt-get install podman runc; .ci/run installs them)")
+		podmanMissing(t, "podman is not installed, so the image is neither built nor run here (Debian: apt-get install podman runc; .ci/run installs them)")
 	}
 	if out, err := exec.Command(bin, "info").CombinedOutput(); err != nil {
-		t.Skipf("podman cannot run here, so the image is neither built nor run (podman info: %v):\n%s", err, lastLines(string(out), 10))
+		podmanMissing(t, "podman cannot run here, so the image is neither built nor run (podman info: %v):\n%s", err, lastLines(string(out), 10))
 	}
 	return bin
 }
@@ -600,7 +615,11 @@ func imageAsComposeRunsIt(t *testing.T, pm, img, version string) {
 	}
 
 	if pc, err := exec.LookPath("podman-compose"); err != nil {
-		t.Log("podman-compose is not installed: the compose file is not given to it (Debian: apt-get install podman-compose)")
+		if podmanRequired() {
+			t.Error("podman-compose is not installed (Debian: apt-get install podman-compose; AUTHLIMIT_E2E_PODMAN=required)")
+		} else {
+			t.Log("podman-compose is not installed: the compose file is not given to it (Debian: apt-get install podman-compose)")
+		}
 	} else {
 		project := fmt.Sprintf("authlimit-e2e-%d", os.Getpid())
 		cmd := exec.Command(pc, "--dry-run", "-p", project, "-f", "docker-compose.yml", "up", "-d")
