@@ -17,6 +17,7 @@ import (
 	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/httpconn"
 	"github.com/authlimit/authlimit/internal/membudget"
 )
 
@@ -194,6 +195,7 @@ func (a *app) httpRoutes(next fasthttp.RequestHandler) fasthttp.RequestHandler {
 	}
 	return func(ctx *fasthttp.RequestCtx) {
 		if string(ctx.Path()) == "/json" {
+			httpconn.Whole(ctx.Conn())
 			a.rls.ServeJSON(ctx)
 			return
 		}

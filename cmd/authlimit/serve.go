@@ -20,6 +20,7 @@ func (a *app) listener(l net.Listener, s *settings) *httpconn.Listener {
 	return httpconn.New(l, httpconn.Config{
 		MaxHeader: s.MaxHeaderBytes,
 		Conns:     a.connCap,
+		Budget:    a.budget,
 		Timeouts:  serverTimeouts,
 		Metrics:   httpconn.Metrics{Accepted: a.conns.accepted, AcceptErrors: a.conns.acceptErrors},
 		Log:       a.log,
@@ -135,8 +136,10 @@ func (a *app) serve(ctx context.Context, l *httpconn.Listener, timeout time.Dura
 }
 
 // serveHTTP serves a request with the handler; once shutdown has begun,
-// the answer closes its connection.
+// the answer closes its connection. The request, read whole, holds
+// nothing in the memory budget meanwhile.
 func (a *app) serveHTTP(ctx *fasthttp.RequestCtx) {
+	httpconn.Whole(ctx.Conn())
 	a.handler.Serve(ctx)
 	select {
 	case <-a.stopping:

@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/valyala/fasthttp"
+
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // testServer serves h through a Listener over l, with fasthttp configured
@@ -29,7 +31,13 @@ func testServer(t *testing.T, l net.Listener, tm Timeouts, h fasthttp.RequestHan
 // 408 before closing it, where with it it closes at once.
 func serveWith(t *testing.T, l net.Listener, tm Timeouts, h fasthttp.RequestHandler, reduceMemory bool) *Listener {
 	t.Helper()
-	hl := New(l, Config{MaxHeader: 32 << 10, Timeouts: tm, Metrics: Metrics{
+	return serveBudget(t, l, tm, h, reduceMemory, nil)
+}
+
+// serveBudget is serveWith, with a memory budget.
+func serveBudget(t *testing.T, l net.Listener, tm Timeouts, h fasthttp.RequestHandler, reduceMemory bool, b *membudget.Budget) *Listener {
+	t.Helper()
+	hl := New(l, Config{MaxHeader: 32 << 10, Budget: b, Timeouts: tm, Metrics: Metrics{
 		Accepted:     prometheus.NewCounter(prometheus.CounterOpts{Name: "accepted"}),
 		AcceptErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "accept_errors"}),
 	}})
