@@ -13,31 +13,33 @@ import (
 	"math/bits"
 	"strings"
 	"time"
+
+	"github.com/authlimit/authlimit/scripts"
 )
 
-// Algorithm names one rate-limiting algorithm. Its numeric values are part of
-// the Lua scripts' argument layout; do not reorder them.
+// Algorithm names one rate-limiting algorithm. Its numeric values are the
+// Lua scripts' (package scripts' wire numbers).
 type Algorithm uint8
 
 // The algorithms. The zero value is not an algorithm.
 const (
 	// FixedWindow keeps one counter per window aligned to the epoch.
-	FixedWindow Algorithm = iota + 1
+	FixedWindow Algorithm = scripts.FixedWindow
 	// SlidingWindowLog keeps every admitted request of the last window: at
 	// most Limit units pass in any span of length Window.
-	SlidingWindowLog
+	SlidingWindowLog Algorithm = scripts.SlidingWindowLog
 	// SlidingWindowCounter weights the previous window's counter by its
 	// overlap with the sliding span and adds the current window's counter.
-	SlidingWindowCounter
+	SlidingWindowCounter Algorithm = scripts.SlidingWindowCounter
 	// TokenBucket holds up to Burst tokens, refilled at Limit per Window.
-	TokenBucket
+	TokenBucket Algorithm = scripts.TokenBucket
 	// LeakyBucket is a meter whose level drains at Limit per Window with
 	// capacity Burst; with a Delay it shapes traffic instead of denying it.
-	LeakyBucket
+	LeakyBucket Algorithm = scripts.LeakyBucket
 	// GCRA is the generic cell rate algorithm: a theoretical arrival time
 	// that each request pushes back by its emission interval. It decides
 	// as LeakyBucket without a delay does: the two are one algorithm.
-	GCRA
+	GCRA Algorithm = scripts.GCRA
 )
 
 var algorithmNames = [...]string{

@@ -90,10 +90,16 @@ func repoVersion(t *testing.T) string {
 }
 
 // buildImage runs make image under a tag of the test's own and removes
-// the image when the test ends.
-func buildImage(t *testing.T, pm string) string {
+// the image when the test ends. It returns the tag and the commit checked
+// out when make image ran (a commit made meanwhile must not fail the
+// label's check).
+func buildImage(t *testing.T, pm string) (tag, revision string) {
 	t.Helper()
-	tag := fmt.Sprintf("localhost/authlimit-e2e:%d-%d", os.Getpid(), time.Now().UnixNano())
+	rev, err := exec.Command("git", "-C", bins.repo, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag = fmt.Sprintf("localhost/authlimit-e2e:%d-%d", os.Getpid(), time.Now().UnixNano())
 	build := exec.Command("make", "--no-print-directory", "image", "IMAGE="+tag, "CONTAINER="+pm)
 	build.Dir = bins.repo
 	start := time.Now()
@@ -106,7 +112,7 @@ func buildImage(t *testing.T, pm string) string {
 			t.Logf("remove the image: %v", err)
 		}
 	})
-	return tag
+	return tag, strings.TrimSpace(string(rev))
 }
 
 // imageConfig is what podman image inspect says of an image (the health
@@ -128,9 +134,9 @@ type imageConfig struct {
 func TestImage(t *testing.T) {
 	pm := podmanBin(t)
 	version := repoVersion(t)
-	img := buildImage(t, pm)
+	img, revision := buildImage(t, pm)
 
-	t.Run("contents", func(t *testing.T) { imageContents(t, pm, img, version) })
+	t.Run("contents", func(t *testing.T) { imageContents(t, pm, img, version, revision) })
 	t.Run("chart", func(t *testing.T) { imageAsTheChartRunsIt(t, pm, img) })
 	t.Run("compose", func(t *testing.T) { imageAsComposeRunsIt(t, pm, img, version) })
 }
@@ -140,7 +146,7 @@ func TestImage(t *testing.T) {
 // health check and the OCI labels, and holds nothing but the static,
 // stripped binary, CA certificates and the user's /etc/passwd and
 // /etc/group.
-func imageContents(t *testing.T, pm, img, version string) {
+func imageContents(t *testing.T, pm, img, version, revision string) {
 	dry := exec.Command("make", "-n", "--no-print-directory", "image")
 	dry.Dir = bins.repo
 	out, err := dry.CombinedOutput()
@@ -178,14 +184,10 @@ func imageContents(t *testing.T, pm, img, version string) {
 			t.Errorf("the image does not expose %s: %v", p, c.Config.ExposedPorts)
 		}
 	}
-	rev, err := exec.Command("git", "-C", bins.repo, "rev-parse", "HEAD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for k, want := range map[string]string{
 		"org.opencontainers.image.source":   "https://github.com/authlimit/authlimit",
 		"org.opencontainers.image.version":  version,
-		"org.opencontainers.image.revision": strings.TrimSpace(string(rev)),
+		"org.opencontainers.image.revision": revision,
 	} {
 		if got := c.Config.Labels[k]; got != want {
 			t.Errorf("label %s = %q, want %q", k, got, want)
