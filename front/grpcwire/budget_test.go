@@ -2,11 +2,13 @@ package grpcwire
 
 import (
 	"bytes"
+	"net"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/authlimit/authlimit/internal/membudget"
 )
@@ -153,5 +155,90 @@ func TestBudgetAccounts(t *testing.T) {
 	r.halfSend(9, 40<<10, 30<<10)
 	waitUntil(t, "the open calls to count", func() bool { return b.Used() > 30<<10 })
 	_ = r.c.Close()
+	waitUsed(t, b, 0)
+}
+
+// slowReader dials a client that opens every window wide and reads
+// nothing: its socket's buffer fills, and the server's writes to it
+// block.
+func slowReader(t *testing.T, addr string) *raw {
+	r := rawDial(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: maxWindow})
+	if tc, ok := r.c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	if err := r.fr.WriteWindowUpdate(0, maxWindow-defaultWindow); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestSlowReaderBacklogCounted: the answers waiting behind a write to a
+// client that does not read are counted in the budget while they wait
+// (all of its calls answered, nothing else is held), and given back when
+// the connection ends.
+func TestSlowReaderBacklogCounted(t *testing.T) {
+	b := membudget.New(256 << 20)
+	_, _, _, addr := testServer(t, Options{Budget: b, WriteTimeout: time.Minute, MaxConcurrentStreams: 1 << 20})
+	r := slowReader(t, addr)
+	msg := message(t, &wrapperspb.BytesValue{Value: bytes.Repeat([]byte{'z'}, 12<<10)})
+	block := r.block(grpcHeaders(echoPath)...)
+	const calls = 1000 // 12 MB of answers: more than loopback's socket buffers hold
+	for i := range calls {
+		id := uint32(2*i + 1)
+		if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.fr.WriteData(id, true, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Once every call is answered, what the budget holds settles.
+	var last int64 = -1
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		time.Sleep(200 * time.Millisecond)
+		used := b.Used()
+		if used == last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the budget's bytes did not settle (%d)", used)
+		}
+		last = used
+	}
+	if last < 1<<20 {
+		t.Errorf("with answers waiting behind a blocked write, the budget holds %d bytes, want their bytes (at least 1 MiB)", last)
+	}
+	_ = r.c.Close()
+	waitUsed(t, b, 0)
+}
+
+// TestSlowReaderCutOff: a client that makes whole calls and never reads
+// their answers (its window wide open, its socket's buffer full) has what
+// waits behind the blocked write counted in the budget, and is cut off
+// once it holds the budget, long before the write timeout; every byte
+// comes back to the budget.
+func TestSlowReaderCutOff(t *testing.T) {
+	const limit = 1 << 20
+	b := membudget.New(limit)
+	_, _, _, addr := testServer(t, Options{Budget: b, WriteTimeout: time.Minute, MaxConcurrentStreams: 1 << 20})
+	r := slowReader(t, addr)
+	msg := message(t, &wrapperspb.BytesValue{Value: bytes.Repeat([]byte{'z'}, 100)})
+	block := r.block(grpcHeaders(echoPath)...)
+	deadline := time.Now().Add(20 * time.Second)
+	for id := uint32(1); ; id += 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection that never reads was not cut off within 20 s")
+		}
+		err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
+		if err == nil {
+			err = r.fr.WriteData(id, true, msg)
+		}
+		if err != nil {
+			break // cut off
+		}
+	}
+	if p := b.Peak(); p < limit/2 {
+		t.Errorf("the budget held %d bytes at most, want the backlog counted (at least %d)", p, limit/2)
+	}
 	waitUsed(t, b, 0)
 }

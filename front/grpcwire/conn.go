@@ -122,6 +122,7 @@ type sharedState struct {
 	flushing    bool
 	wdl         time.Time // the socket's write deadline (by the one writing)
 	queued      int       // control frames queued since the last write began
+	wcharged    int64     // what wbuf counts in the budget (see chargeBacklogLocked)
 	sendWindow  int64
 	peerWindow  int64 // the peer's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame    int

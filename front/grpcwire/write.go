@@ -108,18 +108,23 @@ func (c *conn) pushBlockedLocked() {
 // to answer, it half-closes the socket, which ends the reader.
 func (c *conn) flushLocked() {
 	sh := &c.sh
-	if sh.flushing || sh.closed {
+	if sh.closed {
+		return
+	}
+	if sh.flushing {
+		c.chargeBacklogLocked()
 		return
 	}
 	sh.flushing = true
 	for len(sh.wbuf) > 0 && !sh.closed {
-		b := sh.wbuf
-		sh.wbuf, sh.queued = sh.spare[:0], 0
+		b, charged := sh.wbuf, sh.wcharged
+		sh.wbuf, sh.queued, sh.wcharged = sh.spare[:0], 0, 0
 		c.mu.Unlock()
 		err := c.writeDeadline()
 		if err == nil {
 			_, err = c.nc.Write(b)
 		}
+		c.hold.Give(charged)
 		c.mu.Lock()
 		if cap(b) <= keptBuf {
 			sh.spare = b[:0]
@@ -147,6 +152,47 @@ func (c *conn) flushLocked() {
 			_ = tc.CloseWrite()
 		}
 		_ = c.nc.SetReadDeadline(time.Now().Add(drainTime))
+		c.mu.Lock()
+	}
+}
+
+// backlogFree is the part of the bytes queued behind a write under way
+// that the memory budget does not count: a connection's own buffer,
+// which Options.MaxConns bounds.
+const backlogFree = keptBuf
+
+// chargeBacklogLocked counts in the memory budget what is queued behind
+// the write under way beyond backlogFree: answers, acknowledgements and
+// resets that the client has not read yet. A client that makes calls and
+// never reads their answers would otherwise make the server hold them
+// all, unbounded, until the write timeout; counted, they are bounded with
+// every other port's requests, and the connection holding the most is
+// the one cut off when room runs out, as x/net's and grpc-go's servers
+// end a client that does not read what they queue.
+func (c *conn) chargeBacklogLocked() {
+	sh := &c.sh
+	want := int64(max(cap(sh.wbuf)-backlogFree, 0))
+	if want <= sh.wcharged {
+		return
+	}
+	if !c.hold.Take(want - sh.wcharged) {
+		c.cutOffLocked()
+		return
+	}
+	sh.wcharged = want
+}
+
+// cutOffLocked ends a connection whose backlog found no room in the
+// budget: it is dropped, and the socket closed, which ends the write
+// under way. c.mu is released while the socket closes.
+func (c *conn) cutOffLocked() {
+	c.srv.opts.Log.Debug("grpc connection cut off: its client does not read its answers", "remote", c.nc.RemoteAddr().String(), "backlog", len(c.sh.wbuf))
+	c.sh.wbuf = nil
+	c.hold.Give(c.sh.wcharged)
+	c.sh.wcharged = 0
+	if c.closeLocked() {
+		c.mu.Unlock()
+		_ = c.nc.Close()
 		c.mu.Lock()
 	}
 }
