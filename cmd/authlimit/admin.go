@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/admin"
+	"github.com/authlimit/authlimit/internal/httpconn"
 )
 
 // adminSettings reads AUTHLIMIT_ADMIN_LISTEN and AUTHLIMIT_ADMIN_TOKEN: an
@@ -48,6 +49,15 @@ func (s *settings) describeAdmin(w func(k, v string)) {
 	w("admin api", s.AdminListen+" (bearer token from AUTHLIMIT_ADMIN_TOKEN, hidden)")
 }
 
+// adminHeaderBytes is the largest header block the admin API reads:
+// fasthttp's default read buffer, which its requests (a bearer token, a
+// path, a query) fit many times over.
+const adminHeaderBytes = 4096
+
+// adminTimeouts bound how long a client holds a connection to the admin
+// API.
+var adminTimeouts = httpconn.Timeouts{Read: 10 * time.Second, Write: 10 * time.Second, Idle: time.Minute}
+
 // adminFront is the admin API's server and listener.
 type adminFront struct {
 	server   *fasthttp.Server
@@ -85,18 +95,36 @@ func (a *app) newAdmin(s *settings) error {
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_ADMIN_LISTEN %s: %w", s.AdminListen, err)
 	}
+	// The admin listener is under the decision listeners' connection
+	// cap and memory budget, and so the releaser's, as they are: a client
+	// that holds unfinished requests on it is bounded with theirs, and
+	// the memory it took goes back to the system once it has gone.
+	al := httpconn.New(l, httpconn.Config{
+		MaxHeader: adminHeaderBytes,
+		Conns:     a.connCap,
+		Budget:    a.budget,
+		Timeouts:  adminTimeouts,
+		Log:       a.log,
+	})
 	a.admin = &adminFront{
 		server: &fasthttp.Server{
-			Handler:               h.Serve,
+			Handler: func(ctx *fasthttp.RequestCtx) {
+				httpconn.Whole(ctx.Conn())
+				h.Serve(ctx)
+			},
 			Name:                  "authlimit-admin",
 			NoDefaultServerHeader: true,
-			ReadTimeout:           10 * time.Second,
-			WriteTimeout:          10 * time.Second,
-			IdleTimeout:           time.Minute,
+			// As the decision listener's: the read buffer bounds the
+			// header block, and a waiting connection holds no buffer.
+			ReadBufferSize:        adminHeaderBytes,
+			ReduceMemoryUsage:     true,
+			MaxIdleWorkerDuration: 2 * time.Second,
 			MaxRequestBodySize:    4 << 10,
-			Logger:                fasthttpLogger{a.log},
+			// No ReadTimeout, WriteTimeout or IdleTimeout: the
+			// listener's conns keep adminTimeouts.
+			Logger: fasthttpLogger{a.log},
 		},
-		listener: l,
+		listener: al,
 	}
 	a.closers = append(a.closers, l.Close)
 	return nil

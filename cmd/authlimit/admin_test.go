@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -441,4 +442,26 @@ func TestOverrideKeysStayHidden(t *testing.T) {
 	}
 	hidden("the logs", a.logs.String(), secret, next)
 	hidden("the metrics", a.do(t, request{path: "/metrics"}).body, secret, next)
+}
+
+// TestAdminUnderBudget: the header block a connection to the admin API
+// has not finished counts in AUTHLIMIT_MAX_BUFFERED_BYTES, as the
+// decision listener's do, and is given back once it closes.
+func TestAdminUnderBudget(t *testing.T) {
+	a := startApp(t, map[string]string{"AUTHLIMIT_ADMIN_LISTEN": "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN": adminToken})
+	c, err := net.Dial("tcp", a.app.admin.listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /v1/config HTTP/1.1\r\nHost: admin\r\nX-Held: "+strings.Repeat("h", 3000)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the unfinished admin request counted", func() bool {
+		return a.app.budget.Used() > 0
+	})
+	_ = c.Close()
+	waitFor(t, "the closed admin connection given back", func() bool {
+		return a.app.budget.Used() == 0
+	})
 }

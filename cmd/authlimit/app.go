@@ -41,8 +41,8 @@ type app struct {
 	reload *reloader
 	// conns count what the listeners do with connections.
 	conns connMetrics
-	// connCap is AUTHLIMIT_MAX_CONNS over the decision listener and the
-	// gRPC listener together.
+	// connCap is AUTHLIMIT_MAX_CONNS over the decision listener, the
+	// gRPC listener and the admin API's together.
 	connCap *conncap.Cap
 	// budget is AUTHLIMIT_MAX_BUFFERED_BYTES over every port's
 	// unfinished requests.
