@@ -49,6 +49,7 @@ func (s *settings) describe() string {
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
 	s.describeGRPCPeers(w)
+	s.describeGRPCTLS(w)
 	switch {
 	case s.MaxConns > 0:
 		w("max conns", fmt.Sprint(s.MaxConns))
