@@ -85,6 +85,10 @@ func New(opts Options) (*Handler, error) {
 	if opts.Engine == nil {
 		return nil, errors.New("handler: an engine is required")
 	}
+	front, err := e.Front("http")
+	if err != nil {
+		return nil, err
+	}
 	h := &Handler{
 		engine:       opts.Engine,
 		ready:        opts.Ready,
@@ -96,7 +100,7 @@ func New(opts Options) (*Handler, error) {
 		serveMetrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{})),
 		sleep:        opts.Sleep,
 	}
-	h.scratch.New = func() any { return &scratch{out: decide.Outcome{Front: "http"}} }
+	h.scratch.New = func() any { return &scratch{out: decide.Outcome{Front: front}} }
 	return h, nil
 }
 

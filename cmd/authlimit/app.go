@@ -97,7 +97,7 @@ func (a *app) hold(d time.Duration) {
 func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a := &app{log: log, stopping: make(chan struct{}), reg: prometheus.NewRegistry()}
 	a.warn(s)
-	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo(version))
 	a.conns = newConnMetrics(a.reg)
 	a.connCap = conncap.New(s.maxConns, a.conns.rejected.Inc)
 	stopReleaser := make(chan struct{})
