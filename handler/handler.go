@@ -85,7 +85,7 @@ func New(opts Options) (*Handler, error) {
 	if opts.Engine == nil {
 		return nil, errors.New("handler: an engine is required")
 	}
-	front, err := e.Front("http")
+	front, err := opts.Engine.Front("http")
 	if err != nil {
 		return nil, err
 	}
