@@ -149,11 +149,6 @@ func readBytes(b []byte) ([]byte, int) {
 	return b[k : k+int(n)], k + int(n)
 }
 
-// appendBytes appends s as a length-prefixed string.
-func appendBytes(b, s []byte) []byte {
-	return append(appendVarint(b, uint64(len(s))), s...)
-}
-
 // appendString appends s as a length-prefixed string.
 func appendString(b []byte, s string) []byte {
 	return append(appendVarint(b, uint64(len(s))), s...)

@@ -46,8 +46,8 @@ func TestVarint(t *testing.T) {
 	}
 	for _, b := range [][]byte{
 		{},
-		bytes.Repeat([]byte{0xff}, 12),            // never ends
-		append(bytes.Repeat([]byte{0xff}, 10), 1), // past 64 bits
+		bytes.Repeat([]byte{0xff}, 12), // never ends
+		append(bytes.Repeat([]byte{0xff}, 10), 1),                    // past 64 bits
 		{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, // overflows
 	} {
 		if v, n := readVarint(b); n != 0 {
