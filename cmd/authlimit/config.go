@@ -85,6 +85,7 @@ type config struct {
 	RLSConfig             string        `env:"RLS_CONFIG"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
 	AdminToken            string        `env:"ADMIN_TOKEN"`
+	SPOAListen            string        `env:"SPOA_LISTEN"`
 }
 
 // defaultConfig holds the defaults that belong to the packages authlimit
@@ -272,6 +273,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	} else {
 		s.trusted = parsePrefixes("TRUSTED_PROXIES", c.TrustedProxies, problem)
 	}
+	spoaSettings(&c, s, problem)
 	s.allow = parsePrefixes("ALLOW_CIDRS", c.AllowCIDRs, problem)
 	s.block = parsePrefixes("BLOCK_CIDRS", c.BlockCIDRs, problem)
 
@@ -724,6 +726,7 @@ func (s *settings) describe() string {
 	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
+	s.describeSPOA(w)
 	switch {
 	case s.MaxConns > 0:
 		w("max conns", fmt.Sprint(s.MaxConns))

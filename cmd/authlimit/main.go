@@ -182,6 +182,8 @@ type app struct {
 	rlsMetrics *rls.Metrics
 	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
 	admin *adminFront
+	// spoa is the HAProxy SPOE agent; nil without AUTHLIMIT_SPOA_LISTEN.
+	spoa *spoaFront
 }
 
 // hold holds a shaped request for d, or until shutdown begins. A shaped
@@ -206,6 +208,7 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	go func() { served <- a.server.Serve(l) }()
 	grpcServed := a.serveGRPC()
 	adminServed := a.serveAdmin()
+	spoaServed := a.serveSPOA()
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)
@@ -213,6 +216,8 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 		return grpcServeError(err)
 	case err := <-adminServed:
 		return fmt.Errorf("serve the admin api: %w", err)
+	case err := <-spoaServed:
+		return err
 	case <-ctx.Done():
 	}
 	a.log.Info("shutting down", "timeout", timeout.String())
@@ -226,9 +231,11 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	// a byte would hold the shutdown until its read timeout.
 	l.closeSilent()
 	grpcStopped := a.stopGRPC(sctx)
+	spoaStopped := a.stopSPOA(sctx)
 	a.stopAdmin(sctx)
 	err := a.server.ShutdownWithContext(sctx)
 	<-grpcStopped
+	<-spoaStopped
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
@@ -397,6 +404,10 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	}
 	a.handler = h
 	if err := a.newFronts(s, reg); err != nil {
+		a.close()
+		return nil, err
+	}
+	if err := a.newSPOA(s, reg); err != nil {
 		a.close()
 		return nil, err
 	}
