@@ -1,6 +1,7 @@
 package spoa
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -193,7 +194,8 @@ func (a *Agent) release(sc *scratch) {
 // request is not admitted; then the rate-limit headers the outcome has
 // (ratelimit_policy, x_ratelimit_limit, x_ratelimit_remaining,
 // x_ratelimit_reset, ratelimit, retry_after); then, when the request is
-// not admitted, body. What room cannot hold is left out, the body first.
+// not admitted, body (without its final newline). What room cannot hold
+// is left out, the body first.
 func appendActions(b []byte, o *decide.Outcome, room int) []byte {
 	b = appendSetVar(b, "verdict", o.Verdict.String())
 	admitted := o.Verdict.Admitted()
@@ -205,10 +207,14 @@ func appendActions(b []byte, o *decide.Outcome, room int) []byte {
 		b = fit(b, appendSetVar(b, varName(h.Name), h.Value), room)
 	}
 	if !admitted {
-		b = fit(b, appendSetVar(b, "body", o.Body), room)
+		// Without its final newline, which HAProxy's log-format strings
+		// (lf-string) would write as %0A.
+		b = fit(b, appendSetVar(b, "body", bytes.TrimSuffix(o.Body, newline)), room)
 	}
 	return b
 }
+
+var newline = []byte{'\n'}
 
 // fit is with if it holds within room, else b as it was (with is b with
 // one more action appended).

@@ -117,11 +117,6 @@ func (c clientRequest) spoeMessage() []byte {
 		args = append(args, arg{argSrc, append([]byte{dataIPv6}, a[:]...)})
 	}
 	args = append(args, str(argMethod, c.method))
-	if p, ok := c.pathq(); ok {
-		args = append(args, str(argPath, p))
-	} else {
-		args = append(args, arg{argPath, []byte{dataNull}})
-	}
 	args = append(args, str(argURL, c.target))
 	if h, ok := c.host(); ok {
 		args = append(args, str(argHost, h))
@@ -258,13 +253,13 @@ func TestAgentInvalidMessages(t *testing.T) {
 		msgs []byte
 	}{
 		{"another message only", encodeMessage("other", str("method", "GET"))},
-		{"no headers", encodeMessage(MessageName, str(argMethod, "GET"), str(argPath, "/"))},
-		{"no method", encodeMessage(MessageName, str(argPath, "/"), arg{argHeaders, []byte{dataBinary, 2, 0, 0}})},
-		{"no path nor url", encodeMessage(MessageName, str(argMethod, "GET"), arg{argHeaders, []byte{dataBinary, 2, 0, 0}})},
+		{"no headers", encodeMessage(MessageName, str(argMethod, "GET"), str(argURL, "/"))},
+		{"no method", encodeMessage(MessageName, str(argURL, "/"), arg{argHeaders, []byte{dataBinary, 2, 0, 0}})},
+		{"no url", encodeMessage(MessageName, str(argMethod, "GET"), arg{argHeaders, []byte{dataBinary, 2, 0, 0}})},
 		{"src a string", append(encodeMessage(MessageName, str(argSrc, "198.51.100.1")), full...)},
-		{"headers not a block", encodeMessage(MessageName, str(argMethod, "GET"), str(argPath, "/"), arg{argHeaders, []byte{dataBinary, 1, 5}})},
-		{"headers past their end", encodeMessage(MessageName, str(argMethod, "GET"), str(argPath, "/"), arg{argHeaders, []byte{dataBinary, 3, 0, 0, 0}})},
-		{"method an integer", encodeMessage(MessageName, arg{argMethod, []byte{dataUint32, 3}}, str(argPath, "/"), arg{argHeaders, []byte{dataBinary, 2, 0, 0}})},
+		{"headers not a block", encodeMessage(MessageName, str(argMethod, "GET"), str(argURL, "/"), arg{argHeaders, []byte{dataBinary, 1, 5}})},
+		{"headers past their end", encodeMessage(MessageName, str(argMethod, "GET"), str(argURL, "/"), arg{argHeaders, []byte{dataBinary, 3, 0, 0, 0}})},
+		{"method an integer", encodeMessage(MessageName, arg{argMethod, []byte{dataUint32, 3}}, str(argURL, "/"), arg{argHeaders, []byte{dataBinary, 2, 0, 0}})},
 		{"malformed messages", full[:len(full)-1]},
 	}
 	for i, tt := range tests {
@@ -378,5 +373,27 @@ func TestHeadersLookup(t *testing.T) {
 	}
 	if !bytes.Equal(r.uri, []byte("/x?y=1")) || r.src != netip.MustParseAddr("2001:db8::7") {
 		t.Errorf("request %+v", r)
+	}
+}
+
+// TestPathq: the path and query of each form of target, as HAProxy's
+// pathq finds them, or the target itself when it has none, as
+// haproxy/authlimit.lua falls back to it.
+func TestPathq(t *testing.T) {
+	for target, want := range map[string]string{
+		"/a?b":               "/a?b",
+		"/":                  "/",
+		"http://h/a?b":       "/a?b",
+		"https://h:8443/a/b": "/a/b",
+		"http://h":           "http://h",
+		"*":                  "*",
+		"h/x://y":            "h/x://y",
+		"/x?u=http://h/y":    "/x?u=http://h/y",
+		"http://user@h/a":    "/a",
+		"":                   "",
+	} {
+		if got := string(pathq([]byte(target))); got != want {
+			t.Errorf("pathq(%q) = %q, want %q", target, got, want)
+		}
 	}
 }

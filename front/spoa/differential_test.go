@@ -109,7 +109,8 @@ func auth(t *testing.T, h *handler.Handler, raw string) answer {
 		}
 	}
 	if a.status != 200 {
-		a.body = string(ctx.Response.Body())
+		// The agent's body is /auth's without its final newline.
+		a.body = strings.TrimSuffix(string(ctx.Response.Body()), "\n")
 	}
 	return a
 }

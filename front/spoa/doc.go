@@ -55,8 +55,7 @@
 //
 //	src     the client address HAProxy sees (src); none: the peer's
 //	method  the method (method)
-//	path    the path and query (pathq); none for a target without a path
-//	url     the target (url), read when path is none
+//	url     the request target (url), whose path and query the rules read
 //	host    the Host header (req.hdr(host)); none without one
 //	https   whether the client came over TLS (ssl_fc)
 //	headers every header line (req.hdrs_bin)

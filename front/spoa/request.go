@@ -1,6 +1,7 @@
 package spoa
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"unsafe"
@@ -18,8 +19,7 @@ const MessageName = "authlimit"
 const (
 	argSrc     = "src"     // the client address HAProxy sees: IPv4, IPv6, or null
 	argMethod  = "method"  // the method: a string
-	argPath    = "path"    // the path and query (pathq): a string, or null
-	argURL     = "url"     // the request target (url), for one without a path
+	argURL     = "url"     // the request target (url): a string
 	argHost    = "host"    // the Host header (req.hdr(host)): a string, or null
 	argHTTPS   = "https"   // whether the client came over TLS (ssl_fc)
 	argHeaders = "headers" // every header line (req.hdrs_bin)
@@ -28,14 +28,16 @@ const (
 // request is what the agent reads of the authlimit message: views of the
 // frame, valid while it is.
 type request struct {
-	src              netip.Addr // invalid when HAProxy sent none
-	method, uri      []byte
-	host             []byte
-	hasHost, https   bool
-	block            []byte // req.hdrs_bin, checked
-	hasPath, hasURL  bool
-	path, url        []byte
-	hasMethod, hasHB bool
+	src    netip.Addr // invalid when HAProxy sent none
+	method []byte
+	url    []byte
+	// uri is the path and query of url, as HAProxy's pathq gives them;
+	// url itself when it has no path ("*").
+	uri   []byte
+	host  []byte
+	block []byte // req.hdrs_bin, checked
+
+	hasMethod, hasURL, hasHost, hasBlock, https bool
 }
 
 // readRequest reads the authlimit message of a NOTIFY frame's
@@ -62,14 +64,30 @@ func readRequest(msgs []byte, r *request) (kind, detail string) {
 	switch {
 	case !found:
 		return "invalid-message", fmt.Sprintf("The SPOE frame has no message %q (see haproxy/spoe-authlimit.conf).", MessageName)
-	case !r.hasMethod || !r.hasHB || !r.hasPath && !r.hasURL:
-		return "invalid-message", fmt.Sprintf("The SPOE message %q lacks its method, headers, or path and url arguments (see haproxy/spoe-authlimit.conf).", MessageName)
+	case !r.hasMethod || !r.hasURL || !r.hasBlock:
+		return "invalid-message", fmt.Sprintf("The SPOE message %q lacks its method, url or headers argument (see haproxy/spoe-authlimit.conf).", MessageName)
 	}
-	r.uri = r.url
-	if r.hasPath {
-		r.uri = r.path
-	}
+	r.uri = pathq(r.url)
 	return "", ""
+}
+
+// pathq is the path and query of a request target, as HAProxy's pathq
+// fetch finds them: the target itself in origin form ("/a?b"), from the
+// first "/" after the authority in absolute form ("http://h/a?b", as
+// HAProxy writes an HTTP/2 request's); a target without a path ("*",
+// "http://h") is kept whole, as haproxy/authlimit.lua sends it.
+func pathq(target []byte) []byte {
+	if len(target) > 0 && target[0] == '/' {
+		return target
+	}
+	scheme, rest, ok := bytes.Cut(target, []byte("://"))
+	if !ok || bytes.IndexByte(scheme, '/') >= 0 {
+		return target
+	}
+	if i := bytes.IndexByte(rest, '/'); i >= 0 {
+		return rest[i:]
+	}
+	return target
 }
 
 // readArgs reads a message's arguments into r, and returns the name of one
@@ -99,11 +117,6 @@ func (r *request) readArgs(m message) string {
 				return argMethod
 			}
 			r.method, r.hasMethod = v.b, true
-		case argPath:
-			if v.typ != dataString && v.typ != dataBinary {
-				return argPath
-			}
-			r.path, r.hasPath = v.b, true
 		case argURL:
 			if v.typ != dataString && v.typ != dataBinary {
 				return argURL
@@ -123,7 +136,7 @@ func (r *request) readArgs(m message) string {
 			if v.typ != dataBinary && v.typ != dataString || !validBlock(v.b) {
 				return argHeaders
 			}
-			r.block, r.hasHB = v.b, true
+			r.block, r.hasBlock = v.b, true
 		}
 	}
 	return ""
@@ -168,7 +181,7 @@ func validBlock(b []byte) bool {
 // meaning /auth gives the request haproxy/authlimit.lua sends for it:
 //
 //   - X-Forwarded-For, -Method, -Uri, -Host and -Proto are HAProxy's own
-//     (the client address, the method, the path and query or the target,
+//     (the client address, the method, the path and query (see pathq),
 //     the Host header, http or https), whatever the client sent under
 //     those names;
 //   - Content-Length and X-Original-Content-Length are the request's

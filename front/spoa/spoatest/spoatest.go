@@ -71,7 +71,7 @@ type Request struct {
 // Message is the authlimit message HAProxy sends for r.
 func (r Request) Message() []byte {
 	b := appendString(nil, "authlimit")
-	b = append(b, 7)
+	b = append(b, 6)
 	b = appendString(b, "src")
 	switch {
 	case r.Src.Is4():
@@ -84,12 +84,6 @@ func (r Request) Message() []byte {
 		b = append(b, 0)
 	}
 	b = kvString(b, "method", r.Method)
-	b = appendString(b, "path")
-	if strings.HasPrefix(r.Target, "/") {
-		b = appendString(append(b, 8), r.Target)
-	} else {
-		b = append(b, 0)
-	}
 	b = kvString(b, "url", r.Target)
 	b = appendString(b, "host")
 	host, ok := "", false
