@@ -10,16 +10,14 @@ import (
 	"net/netip"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 )
 
 // conn is one connection from HAProxy. One goroutine, the reader, runs
 // serve: it reads every frame, does the handshake, hands NOTIFY frames to
 // the Handler and ends the connection. Answers come from whichever
-// goroutine completes a decision: they append their ACK to wbuf under mu
-// and write it at once without waiting (see flushLocked), or leave it to
-// the one goroutine writing.
+// goroutine completes a decision: they append their ACK to wbuf under mu,
+// and one goroutine at a time writes it (see flushLocked).
 type conn struct {
 	srv  *Server
 	nc   net.Conn
@@ -33,13 +31,9 @@ type conn struct {
 	// only read it.
 	maxFrame int
 
-	// raw writes without waiting (see rawWriter); nil where it cannot.
-	// tryWrite writes tryBuf to it once. Used under mu.
-	raw      syscall.RawConn
-	tryWrite func(fd uintptr) bool
-	tryBuf   []byte
-	tryN     int
-	tryErr   error
+	// flushFn is flush, made once: a goroutine started with it
+	// allocates nothing.
+	flushFn func()
 
 	// room is signalled (without waiting) when an answer leaves the
 	// flight or the written buffer drains: the reader waits on it for
@@ -50,7 +44,11 @@ type conn struct {
 
 	mu          sync.Mutex
 	wbuf, spare []byte
-	flushing    bool      // a goroutine is writing wbuf, or is about to
+	flushing    bool // a goroutine is writing wbuf, or is about to
+	// holding: the reader has frames in hand and writes what is
+	// buffered once it has none (see unhold), so that the answers to a
+	// burst of frames go out in one write.
+	holding     bool
 	wdl         time.Time // the socket's write deadline (the writer's)
 	closed      bool
 	inflight    int // NOTIFY frames handed to the Handler and not answered
@@ -66,7 +64,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		room:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
-	c.raw, c.tryWrite = rawWriter(c, nc)
+	c.flushFn = c.flush
 	return c
 }
 
@@ -194,13 +192,27 @@ func (c *conn) notify(h header) (err error) {
 func (c *conn) acquire() bool {
 	select {
 	case c.srv.slots <- struct{}{}:
-	case <-c.done:
-		return false
+	default:
+		c.unhold()
+		select {
+		case c.srv.slots <- struct{}{}:
+		case <-c.done:
+			return false
+		}
 	}
 	c.mu.Lock()
 	c.inflight++
+	c.holding = true
 	c.mu.Unlock()
 	return true
+}
+
+// unhold writes what the reader held back (see holding): it is about to
+// wait.
+func (c *conn) unhold() {
+	c.mu.Lock()
+	c.holding = false
+	c.flushLocked()
 }
 
 // waitRoom waits until the connection may read another frame: fewer than
@@ -218,6 +230,7 @@ func (c *conn) waitRoom() bool {
 		case !full:
 			return true
 		}
+		c.unhold()
 		select {
 		case <-c.room:
 		case <-c.done:
@@ -233,6 +246,9 @@ func (c *conn) waitRoom() bool {
 // in the read buffer (large 0) or in a buffer of large bytes from the
 // budget. They are valid until release.
 func (c *conn) readFrame(since time.Time, wait time.Duration) (f []byte, large int, err error) {
+	if !c.frameBuffered() {
+		c.unhold()
+	}
 	end := since.Add(wait)
 	if c.rdl.After(end) || c.rdl.Before(end.Add(-wait/2)) {
 		c.setReadDeadline(end)
@@ -282,6 +298,17 @@ func (c *conn) readFrame(since time.Time, wait time.Duration) (f []byte, large i
 		return nil, 0, err
 	}
 	return buf, int(n), nil
+}
+
+// frameBuffered reports whether the next frame is in the read buffer
+// whole: reading it will not wait.
+func (c *conn) frameBuffered() bool {
+	n := c.br.Buffered()
+	if n < 4 {
+		return false
+	}
+	b, _ := c.br.Peek(4)
+	return uint64(n) >= 4+uint64(binary.BigEndian.Uint32(b))
 }
 
 // take reserves n bytes of the budget, waiting up to FrameTimeout for
@@ -494,32 +521,20 @@ func (r Reply) Send(actions []byte) {
 	c.flushLocked()
 }
 
-// flushLocked writes what is buffered: at once if the socket takes it
-// without waiting, else on a goroutine of its own (unless one already
-// writes). c.mu is held on entry and released on return.
+// flushLocked has what is buffered written by a goroutine of its own,
+// unless one already writes or the reader holds the answers back (see
+// holding). Answers completed meanwhile (a store's goroutine completes
+// decisions one after another) join the buffer and go out in the same
+// write: one write for many ACKs costs HAProxy and the agent less than a
+// write each. c.mu is held on entry and released on return.
 func (c *conn) flushLocked() {
-	if c.flushing || c.closed || len(c.wbuf) == 0 {
+	if c.flushing || c.closed || c.holding || len(c.wbuf) == 0 {
 		c.mu.Unlock()
 		return
 	}
-	if c.raw != nil {
-		c.tryBuf, c.tryN, c.tryErr = c.wbuf, 0, nil
-		err := c.raw.Write(c.tryWrite)
-		c.tryBuf = nil
-		if err == nil && (c.tryErr == nil || errors.Is(c.tryErr, syscall.EAGAIN)) {
-			n := max(c.tryN, 0)
-			c.wbuf = c.wbuf[:copy(c.wbuf, c.wbuf[n:])]
-			if len(c.wbuf) == 0 {
-				c.signal()
-				c.mu.Unlock()
-				return
-			}
-		}
-		// The rest, or an error the writer meets again and closes on.
-	}
 	c.flushing = true
 	c.mu.Unlock()
-	go c.flush()
+	go c.flushFn()
 }
 
 // flush writes until nothing is buffered, waiting on the socket as need
