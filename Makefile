@@ -35,8 +35,8 @@ test: lint
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'
 
 # e2e runs authlimit behind real nginx, nginx with Lua, Caddy, Traefik and
-# HAProxy (see e2e/README.md for what it needs; the first run builds
-# Traefik).
+# HAProxy, with its Lua action and with SPOE (see e2e/README.md for what it
+# needs; the first run builds Traefik).
 e2e:
 	$(GO) test -tags e2e -count=1 -timeout 60m -v ./e2e/...
 
@@ -63,6 +63,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/extauthz
 	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/rls
 	$(GO) test -run '^$$' -fuzz '^FuzzConn$$' -fuzztime $(FUZZTIME) ./front/grpcwire
+	$(GO) test -run '^$$' -fuzz '^FuzzConn$$' -fuzztime $(FUZZTIME) ./front/spoa
+	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/spoa
 
 clean:
 	rm -rf bin
