@@ -213,7 +213,8 @@ func startHAProxy(t *testing.T, authlimit, backend, variant string) string {
 // startHAProxySPOE runs haproxy with haproxy/haproxy.cfg and the
 // haproxy/spoe-authlimit.conf it names, asking the SPOE agent at agent.
 // The variant "check" adds health checks of the agent (option spop-check)
-// every 200ms; "smallframe" sets the agent's max-frame-size to 4096.
+// every 200ms; "smallframe" sets the agent's max-frame-size to 4096;
+// "tiers" takes its #tiers lines, with haproxy/plans.map.
 func startHAProxySPOE(t *testing.T, agent, backend, variant string) string {
 	t.Helper()
 	addr, _ := runHAProxySPOE(t, agent, backend, variant)
@@ -242,6 +243,12 @@ func runHAProxySPOE(t *testing.T, agent, backend, variant string) (string, *proc
 	}
 	if strings.Contains(variant, "failopen") {
 		pairs = append(pairs, `set-var proc.authlimit_unreachable str("closed")`, `set-var proc.authlimit_unreachable str("open")`)
+	}
+	if strings.Contains(variant, "tiers") {
+		plans := filepath.Join(dir, "plans.map")
+		writeFile(t, plans, string(readRepo(t, "haproxy/plans.map")))
+		pairs = append(pairs, "#tiers http-request del-header", "http-request del-header",
+			"#tiers http-request set-header X-Plan %[req.hdr(X-Api-Key),map(/etc/haproxy/plans.map,)]", "http-request set-header X-Plan %[req.hdr(X-Api-Key),map("+plans+",)]")
 	}
 	if strings.Contains(variant, "check") {
 		pairs[len(pairs)-1] += " check inter 200ms fall 1 rise 1\n    option spop-check"

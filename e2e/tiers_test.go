@@ -138,3 +138,68 @@ func TestAPIKeyTiersBehindNginx(t *testing.T) {
 		t.Errorf("after the edit: %d more admitted, want 2", got)
 	}
 }
+
+// TestAPIKeyTiersBehindHAProxySPOE: README's API-key case behind
+// haproxy/haproxy.cfg with its #tiers lines: HAProxy maps each API key to
+// its plan (haproxy/plans.map) and sends it in X-Plan; authlimit limits a
+// key by its plan, a key with an override by that, and the rest by the
+// rule's own limit. A client's own X-Plan, in either spelling, changes
+// nothing: HAProxy drops it.
+func TestAPIKeyTiersBehindHAProxySPOE(t *testing.T) {
+	px := proxyNamed(t, "haproxy-spoe")
+	conf := string(readRepo(t, "haproxy/haproxy.cfg"))
+	if !strings.Contains(conf, "#tiers ") {
+		t.Fatal("haproxy/haproxy.cfg has no #tiers lines")
+	}
+	redis, err := redistest.Start(t, bins.redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := startBackend(t)
+	rulesFile := filepath.Join(t.TempDir(), "rules")
+	writeFile(t, rulesFile, tiersRules)
+	a := startAuthlimit(t, "authlimit", map[string]string{
+		"AUTHLIMIT_REDIS_URL":       redis.URL,
+		"AUTHLIMIT_RULES_FILE":      rulesFile,
+		"AUTHLIMIT_TRUSTED_PROXIES": "127.0.0.1/32",
+		"AUTHLIMIT_REDIS_TIMEOUT":   "500ms",
+		"AUTHLIMIT_SPOA_LISTEN":     freeAddr(t),
+	})
+	addr := px.start(t, a.spoa, be.addr, "tiers")
+	c := newClient("127.0.0.42")
+	admitted := func(path, key, policy string, headers ...string) int {
+		t.Helper()
+		for i := 0; i < 10; i++ {
+			r := rawDo(t, c.ip, addr, rawRequest("GET "+path+" HTTP/1.1", "", append([]string{"Host", "localhost", "X-Api-Key", key}, headers...)...))
+			if got := r.header.Get("RateLimit-Policy"); got != policy {
+				t.Errorf("%s %s: RateLimit-Policy %q, want %q", key, headers, got, policy)
+			}
+			if r.status == 429 {
+				return i
+			}
+			if r.status != 200 {
+				t.Fatalf("%s %s: %d %s", key, headers, r.status, firstLine(r.body))
+			}
+		}
+		return 10
+	}
+	const own, pro, bigcorp = `"api";q=2;w=60`, `"api";q=4;w=60`, `"api";q=6;w=60`
+	for _, tt := range []struct {
+		name, path, key string
+		headers         []string
+		policy          string
+		want            int
+	}{
+		{"a key without a plan", "/a", "k-anyone-1", nil, own, 2},
+		{"a pro key", "/b", "k-pro-93b1", nil, pro, 4},
+		{"a key with a contract", "/c", "k-bigcorp-5d1e", nil, bigcorp, 6},
+		{"a client naming its own plan", "/d", "k-anyone-2", []string{"X-Plan", "pro"}, own, 2},
+		{"a client naming its own plan with _", "/e", "k-anyone-3", []string{"X_Plan", "pro"}, own, 2},
+		{"a client naming its plan twice", "/f", "k-anyone-4", []string{"X-Plan", "pro", "x_plan", "pro"}, own, 2},
+		{"a pro key naming a plan of its own", "/g", "k-pro-c07d", []string{"X-Plan", "free"}, pro, 4},
+	} {
+		if got := admitted(tt.path, tt.key, tt.policy, tt.headers...); got != tt.want {
+			t.Errorf("%s: %d admitted, want %d", tt.name, got, tt.want)
+		}
+	}
+}
