@@ -1,4 +1,4 @@
-package algo
+package algo_test
 
 import (
 	"context"
@@ -6,6 +6,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/algo/algotest"
 )
 
 // TestSlidingCounterAccuracy replays a bursty trace through
@@ -17,17 +20,17 @@ import (
 func TestSlidingCounterAccuracy(t *testing.T) {
 	const limit = 100
 	window := time.Second
-	clock := newFakeClock(epoch)
-	m := NewMemory(MemoryOptions{Clock: clock.Now, SweepInterval: -1})
+	clock := algotest.NewClock(algotest.Epoch)
+	m := algo.NewMemory(algo.MemoryOptions{Clock: clock.Now, SweepInterval: -1})
 	defer m.Close()
-	counter := mustPolicy(t, Spec{Name: "counter", Algorithm: SlidingWindowCounter, Limit: limit, Window: window})
-	exact := mustPolicy(t, Spec{Name: "log", Algorithm: SlidingWindowLog, Limit: limit, Window: window})
+	counter := algotest.MustPolicy(t, algo.Spec{Name: "counter", Algorithm: algo.SlidingWindowCounter, Limit: limit, Window: window})
+	exact := algotest.MustPolicy(t, algo.Spec{Name: "log", Algorithm: algo.SlidingWindowLog, Limit: limit, Window: window})
 
 	// Bursts of 20 to 200 requests within 50 ms, 0 to 1.5 s apart, for
 	// ten minutes of traffic, with a trickle in between.
 	rng := rand.New(rand.NewPCG(7, 11))
 	var times []int64
-	at := epoch.UnixMicro()
+	at := algotest.Epoch.UnixMicro()
 	end := at + (10 * time.Minute).Microseconds()
 	for at < end {
 		burst := 20 + rng.IntN(181)
@@ -44,14 +47,14 @@ func TestSlidingCounterAccuracy(t *testing.T) {
 	ctx := context.Background()
 	var over, under, admittedCounter, admittedLog int
 	var counterTimes, logTimes []int64
-	res := make([]Result, 1)
+	res := make([]algo.Result, 1)
 	for _, ts := range times {
 		clock.SetMicros(ts)
-		c, err := m.Decide(ctx, []Request{{Policy: counter, Key: []byte("k")}}, res)
+		c, err := m.Decide(ctx, []algo.Request{{Policy: counter, Key: []byte("k")}}, res)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := m.Decide(ctx, []Request{{Policy: exact, Key: []byte("k")}}, res)
+		l, err := m.Decide(ctx, []algo.Request{{Policy: exact, Key: []byte("k")}}, res)
 		if err != nil {
 			t.Fatal(err)
 		}

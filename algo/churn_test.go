@@ -1,4 +1,4 @@
-package algo
+package algo_test
 
 import (
 	"flag"
@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/algo/algotest"
 )
 
 var churnFor = flag.Duration("churn", 0, "run TestMemoryBoundedUnderChurn for this long instead of a few seconds' worth of churn, reporting the heap each minute (e.g. -churn 30m)")
@@ -26,22 +29,22 @@ func liveHeap() uint64 {
 // rebuild their maps, so the heap follows the states, not the churn.
 func TestMemoryBoundedUnderChurn(t *testing.T) {
 	const max = 20_000
-	clock := newFakeClock(epoch)
-	m := NewMemory(MemoryOptions{MaxKeys: max, Clock: clock.Now, SweepInterval: -1})
+	clock := algotest.NewClock(algotest.Epoch)
+	m := algo.NewMemory(algo.MemoryOptions{MaxKeys: max, Clock: clock.Now, SweepInterval: -1})
 	defer m.Close()
-	p := mustPolicy(t, Spec{Name: "churn", Algorithm: FixedWindow, Limit: 1, Window: time.Second})
-	l := mustPolicy(t, Spec{Name: "log", Algorithm: SlidingWindowLog, Limit: 1, Window: time.Second})
+	p := algotest.MustPolicy(t, algo.Spec{Name: "churn", Algorithm: algo.FixedWindow, Limit: 1, Window: time.Second})
+	l := algotest.MustPolicy(t, algo.Spec{Name: "log", Algorithm: algo.SlidingWindowLog, Limit: 1, Window: time.Second})
 	next := 0
 	round := func() {
 		// One window's worth of new keys fills the store; the next
 		// window's replace them as they expire.
 		for range max {
-			q := Request{Policy: p, Key: []byte("client-" + strconv.Itoa(next))}
+			q := algo.Request{Policy: p, Key: []byte("client-" + strconv.Itoa(next))}
 			if next%4 == 0 {
 				q.Policy = l
 			}
 			next++
-			if res := decideOne(t, m, q); !res.Allowed {
+			if res := algotest.DecideOne(t, m, q); !res.Allowed {
 				t.Fatalf("new key %d refused: %+v (the store's states had all expired)", next, res)
 			}
 		}

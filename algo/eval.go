@@ -8,7 +8,7 @@ import "math"
 // numbers are IEEE doubles like float64, and every product that is then
 // added or subtracted is rounded by an explicit float64 conversion so the Go
 // compiler cannot fuse it into a multiply-add that Lua would not do. Times
-// are microseconds since the epoch (see sinceEpoch); every time and duration
+// are microseconds since the epoch (see SinceEpoch); every time and duration
 // is an exact integer below 2^53.
 //
 // State validity never depends on expiry: stale state (an old window, a

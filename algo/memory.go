@@ -3,7 +3,6 @@ package algo
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"hash/maphash"
 	"maps"
 	"math"
@@ -142,9 +141,6 @@ func NewMemory(opts MemoryOptions) *Memory {
 	return m
 }
 
-// ErrClosed is returned by a store used after Close.
-var ErrClosed = errors.New("store closed")
-
 // memKey is a state's memory key: the policy's id in this store, then the
 // key tag, and its hash. It lives on the stack.
 type memKey struct {
@@ -209,7 +205,7 @@ func (m *Memory) makeKey(k *memKey, q *Request) uint64 {
 // Decide implements the decision for the memory store: see Redis.Decide
 // for the contract, which both stores share.
 func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool, error) {
-	if err := checkRequests(reqs, res); err != nil {
+	if err := CheckRequests(reqs, res); err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -220,7 +216,7 @@ func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool
 		return false, ErrClosed
 	default:
 	}
-	now := sinceEpoch(m.clock())
+	now := SinceEpoch(m.clock())
 	if len(reqs) == 1 {
 		var k memKey
 		sh := &m.shards[m.makeKey(&k, &reqs[0])]
@@ -373,8 +369,8 @@ func (m *Memory) decideIn(reqs []Request, res []Result, now int64, shards []*sha
 	return all
 }
 
-// checkRequests validates a decision's input for both stores.
-func checkRequests(reqs []Request, res []Result) error {
+// CheckRequests validates a decision's input for both stores.
+func CheckRequests(reqs []Request, res []Result) error {
 	switch {
 	case len(reqs) == 0:
 		return invalid("no policies to decide")
@@ -391,7 +387,7 @@ func checkRequests(reqs []Request, res []Result) error {
 		if q.Cost < 0 || q.Cost > MaxLimit {
 			return invalid("policy %q: cost %d is not in 1..%d", q.Policy.spec.Name, q.Cost, int64(MaxLimit))
 		}
-		if !validTag(q.Key) {
+		if !ValidTag(q.Key) {
 			return invalid("policy %q: key %.40q is not a key tag (see AppendTag)", q.Policy.spec.Name, q.Key)
 		}
 		for j := range reqs[:i] {
@@ -546,7 +542,7 @@ func (sh *shard) down(i int) {
 
 // Sweep removes expired state now.
 func (m *Memory) Sweep() {
-	now := sinceEpoch(m.clock())
+	now := SinceEpoch(m.clock())
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()

@@ -6,12 +6,6 @@ import (
 	"time"
 )
 
-// Decider decides one request's policies atomically, all or nothing: a
-// store (Memory, Redis).
-type Decider interface {
-	Decide(ctx context.Context, reqs []Request, res []Result) (bool, error)
-}
-
 // peekName names the policy Peek decides beside each request, so that the
 // decision denies and consumes nothing. Its key is never written.
 const peekName = "authlimit-peek"
@@ -52,18 +46,6 @@ func Peek(ctx context.Context, d Decider, reqs []Request, res []Result) (bool, e
 	return admitted, nil
 }
 
-// Resetter forgets the state of policies for keys: a store (Memory, Redis).
-type Resetter interface {
-	Reset(ctx context.Context, reqs []Request) error
-}
-
-var (
-	_ Resetter = (*Memory)(nil)
-	_ Resetter = (*Redis)(nil)
-	_ Decider  = (*Memory)(nil)
-	_ Decider  = (*Redis)(nil)
-)
-
 // Reset forgets the state of each request's policy for its key, as if it
 // had never been decided: the next decision starts afresh.
 func (m *Memory) Reset(ctx context.Context, reqs []Request) error {
@@ -72,7 +54,7 @@ func (m *Memory) Reset(ctx context.Context, reqs []Request) error {
 	}
 	for i := range reqs {
 		q := &reqs[i]
-		if q.Policy == nil || !validTag(q.Key) {
+		if q.Policy == nil || !ValidTag(q.Key) {
 			return fmt.Errorf("memory reset: request %d: %w", i, ErrInvalid)
 		}
 		var k memKey
@@ -95,31 +77,4 @@ func (m *Memory) Reset(ctx context.Context, reqs []Request) error {
 		sh.mu.Unlock()
 	}
 	return nil
-}
-
-// Reset deletes the state of each request's policy for its key, as if it
-// had never been decided. Each key is deleted on its own, so that a Redis
-// Cluster client sends each to the primary of its slot.
-func (r *Redis) Reset(ctx context.Context, reqs []Request) error {
-	for i := range reqs {
-		q := &reqs[i]
-		if q.Policy == nil || !validTag(q.Key) {
-			return fmt.Errorf("redis reset: request %d: %w", i, ErrInvalid)
-		}
-		ctx, cancel := r.budget(ctx)
-		err := r.client.Del(ctx, q.Policy.StorageKey(r.prefix, q.Key)).Err()
-		cancel()
-		if err != nil {
-			return fmt.Errorf("redis reset %s: %w", q.Policy.Name(), err)
-		}
-	}
-	return nil
-}
-
-// budget bounds ctx by the store's budget, if it has one.
-func (r *Redis) budget(ctx context.Context) (context.Context, context.CancelFunc) {
-	if r.timeout > 0 {
-		return context.WithTimeout(ctx, r.timeout)
-	}
-	return context.WithCancel(ctx)
 }

@@ -1,8 +1,9 @@
 // Package algo decides whether a request may pass: the policy and result
-// types, the six rate-limiting algorithms, and the two stores that evaluate
-// them with one meaning (Redis, through the Lua scripts in package scripts,
-// and an in-memory store that is the embedded default, the local fallback and
-// the reference the scripts are tested against).
+// types, the six rate-limiting algorithms, the contract every store keeps
+// (store.go), and the in-memory store: the embedded default, the local
+// fallback, and the reference the Redis store (package store/redis, with
+// the Lua scripts in package scripts) is tested against. It knows nothing
+// of Redis.
 package algo
 
 import (
@@ -335,3 +336,20 @@ func (p *Policy) Capacity() int64 {
 // some day; a request that costs more is denied with ReasonCostTooHigh. It
 // exceeds Capacity only for a shaping leaky bucket.
 func (p *Policy) MaxCost() int64 { return p.maxCost }
+
+// Params are the numbers a store decides a policy with: what the Redis
+// store sends its scripts. Durations are in microseconds; Burst is filled
+// in (Limit when the Spec has none).
+type Params struct {
+	Algorithm Algorithm
+	Limit     int64
+	Window    int64 // microseconds
+	Burst     int64
+	Delay     int64 // microseconds
+	MaxCost   int64
+}
+
+// Params returns the numbers a store decides p with.
+func (p *Policy) Params() Params {
+	return Params{p.spec.Algorithm, p.spec.Limit, p.window, p.spec.Burst, p.delay, p.maxCost}
+}

@@ -98,5 +98,5 @@ func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecon
 // and window indexes short in storage. A clock before it reads as it.
 const epochMicros = 1577836800_000000
 
-// sinceEpoch converts a wall-clock time to the stores' microseconds.
-func sinceEpoch(t time.Time) int64 { return max(t.UnixMicro()-epochMicros, 0) }
+// SinceEpoch converts a wall-clock time to the stores' microseconds.
+func SinceEpoch(t time.Time) int64 { return max(t.UnixMicro()-epochMicros, 0) }

@@ -55,8 +55,8 @@ func plainKey(key []byte) bool {
 	return true
 }
 
-// validTag reports whether key is a tag AppendTag can make.
-func validTag(key []byte) bool {
+// ValidTag reports whether key is a tag AppendTag can make.
+func ValidTag(key []byte) bool {
 	if plainKey(key) {
 		return true
 	}
@@ -71,7 +71,7 @@ func validTag(key []byte) bool {
 	return true
 }
 
-// appendStorageKey appends the Redis key under which p keeps its state for
+// AppendStorageKey appends the Redis key under which p keeps its state for
 // the key tag:
 //
 //	<prefix>:<policy name>:{<tag>}:<algorithm letter>
@@ -82,7 +82,7 @@ func validTag(key []byte) bool {
 // of one policy and key lives in one slot, and policies that limit the same
 // key (1/min, 5/h and 10/day on one phone number) share that slot and stay
 // atomic in a cluster.
-func (p *Policy) appendStorageKey(dst []byte, prefix string, tag []byte) []byte {
+func (p *Policy) AppendStorageKey(dst []byte, prefix string, tag []byte) []byte {
 	dst = append(dst, prefix...)
 	dst = append(dst, ':')
 	dst = append(dst, p.spec.Name...)
@@ -93,23 +93,7 @@ func (p *Policy) appendStorageKey(dst []byte, prefix string, tag []byte) []byte 
 }
 
 // StorageKey returns the Redis key of p's state for the key tag (see
-// appendStorageKey), for operators and tests.
+// AppendStorageKey), for operators and tests.
 func (p *Policy) StorageKey(prefix string, tag []byte) string {
-	return string(p.appendStorageKey(nil, prefix, tag))
-}
-
-// slot is Redis Cluster's hash slot of a hash tag: CRC16 (XMODEM) mod 16384.
-func slot(tag []byte) uint16 {
-	var crc uint16
-	for _, c := range tag {
-		crc ^= uint16(c) << 8
-		for b := 0; b < 8; b++ {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc & 16383
+	return string(p.AppendStorageKey(nil, prefix, tag))
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// algorithms are authlimit's algorithms, in README's order.
+// algorithms are authlimit's algorithms, in docs/rules.md's order.
 func algorithms() []string {
 	return []string{"fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "leaky_bucket", "gcra"}
 }

@@ -218,7 +218,7 @@ func startNginxAuth(ctx context.Context, e *runEnv, auth *proc, authAddr string)
 	site, err := render(string(conf),
 		"server authlimit:8080;", "server "+authAddr+";",
 		"server backend:80;", "server "+backend+";",
-		"listen 8080;", "listen "+addr+";",
+		"listen 8000;", "listen "+addr+";",
 		"        proxy_pass http://backend;\n        proxy_set_header Host $host;\n", "        root "+e.dir+"/html;\n        proxy_set_header Host $host;\n")
 	if err != nil {
 		auth.stop()
@@ -315,7 +315,7 @@ func renderOpenResty(conf, dir, authAddr, backend, addr string) (string, error) 
 		`lua_package_path "/etc/nginx/lua/?.lua;;";`, `lua_package_path "`+dir+`/?.lua;;";`,
 		`address = "authlimit:8080",`, `address = "`+authAddr+`",`,
 		"server backend:80;", "server "+backend+";",
-		"listen 8080;", "listen "+addr+";",
+		"listen 8000;", "listen "+addr+";",
 		"        proxy_pass http://backend;\n        proxy_set_header Host $host;\n", "        root "+dir+"/html;\n        proxy_set_header Host $host;\n")
 	if err != nil {
 		return "", fmt.Errorf("render nginx/openresty.conf: %w", err)

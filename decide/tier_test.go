@@ -11,6 +11,7 @@ import (
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 const tierRules = `
@@ -35,12 +36,12 @@ func tierStores(t *testing.T) []tierStore {
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = m.Close() })
 	srv := redistest.New(t)
-	rs := algo.NewRedis(srv.Client(t), algo.RedisOptions{Prefix: srv.Prefix(t), Timeout: 5 * time.Second})
+	rs := redis.New(srv.Client(t), redis.Options{Prefix: srv.Prefix(t), Timeout: 5 * time.Second})
 	t.Cleanup(func() { _ = rs.Close() })
 	stores := []tierStore{{"memory", m, false}, {"redis", rs, true}}
 	if !testing.Short() {
 		c := redistest.NewCluster(t)
-		cs := algo.NewRedis(c.Client(t), algo.RedisOptions{Prefix: c.Prefix(t), Timeout: 5 * time.Second})
+		cs := redis.New(c.Client(t), redis.Options{Prefix: c.Prefix(t), Timeout: 5 * time.Second})
 		t.Cleanup(func() { _ = cs.Close() })
 		stores = append(stores, tierStore{"cluster", cs, true})
 	}
@@ -233,7 +234,7 @@ func TestTierPoliciesShareTheRulesSlot(t *testing.T) {
 // own.
 func TestTiersInTheLocalFallback(t *testing.T) {
 	srv := redistest.New(t)
-	rs := algo.NewRedis(srv.Client(t), algo.RedisOptions{Prefix: srv.Prefix(t), Timeout: time.Second})
+	rs := redis.New(srv.Client(t), redis.Options{Prefix: srv.Prefix(t), Timeout: time.Second})
 	t.Cleanup(func() { _ = rs.Close() })
 	local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = local.Close() })

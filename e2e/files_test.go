@@ -89,12 +89,15 @@ func TestComposeFile(t *testing.T) {
 	if len(n.Volumes) != 1 || !strings.HasPrefix(n.Volumes[0], "./nginx/example.conf:/etc/nginx/conf.d/") {
 		t.Errorf("nginx does not use nginx/example.conf: %v", n.Volumes)
 	}
-	if len(n.Ports) != 1 || n.Ports[0] != "8080:8080" {
-		t.Errorf("nginx ports %v, want 8080:8080 (README: curl localhost:8080/)", n.Ports)
+	if len(n.Ports) != 1 || n.Ports[0] != "8000:8000" {
+		t.Errorf("nginx ports %v, want 8000:8000 (docs/container.md: curl localhost:8000/)", n.Ports)
+	}
+	if doc := string(readRepo(t, "docs/container.md")); !strings.Contains(doc, "localhost:8000/") {
+		t.Error("docs/container.md does not curl localhost:8000/, where compose's nginx answers")
 	}
 	// nginx/example.conf's upstreams are the compose service names.
 	conf := string(readRepo(t, "nginx/example.conf"))
-	for _, want := range []string{"server authlimit:8080;", "server backend:80;", "listen 8080;"} {
+	for _, want := range []string{"server authlimit:8080;", "server backend:80;", "listen 8000;"} {
 		if !strings.Contains(conf, want) {
 			t.Errorf("nginx/example.conf lacks %q, which docker-compose.yml relies on", want)
 		}

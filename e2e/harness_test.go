@@ -177,6 +177,14 @@ func traefik() (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
 	}
+	unlock, err := lockBuild(bin)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil // built by another run while this one waited
+	}
 	fmt.Fprintf(os.Stderr, "e2e: building Traefik %s into %s (several minutes, once)\n", traefikVersion, bin)
 	dl := exec.Command("go", "mod", "download", "-json", "github.com/traefik/traefik/v3@"+traefikVersion)
 	b, err := dl.Output()
@@ -464,4 +472,22 @@ func firstLine(s string) string {
 		return sc.Text()
 	}
 	return ""
+}
+
+// lockBuild takes an exclusive lock beside bin, waiting for it: e2e runs
+// started at once (several checkouts on one machine) build a tool once,
+// not once each, each compile of it taking gigabytes.
+func lockBuild(bin string) (unlock func(), err error) {
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(bin+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return func() { f.Close() }, nil
 }

@@ -13,7 +13,7 @@ import (
 // without helm; helm_test.go (make e2e) renders it.
 
 // TestHelmEnvNamesAreAuthlimits: the schema's env names and the chart's
-// own variables are exactly README's configuration table: nothing the
+// own variables are exactly docs/configuration.md's tables: nothing the
 // binary does not know (which would stop it), nothing left out.
 func TestHelmEnvNamesAreAuthlimits(t *testing.T) {
 	var schema struct {
@@ -44,12 +44,12 @@ func TestHelmEnvNamesAreAuthlimits(t *testing.T) {
 	var problems []string
 	for n, by := range offered {
 		if !documented[n] && n != "AUTHLIMIT_GRPC_LISTEN" {
-			problems = append(problems, fmt.Sprintf("%s (set by %s) is not in README's configuration table: authlimit would stop at start", n, by))
+			problems = append(problems, fmt.Sprintf("%s (set by %s) is not in docs/configuration.md's tables: authlimit would stop at start", n, by))
 		}
 	}
 	for n := range documented {
 		if offered[n] == "" {
-			problems = append(problems, n+" is in README's table, but the chart offers no way to set it (add it to values.schema.json's env names)")
+			problems = append(problems, n+" is in docs/configuration.md's tables, but the chart offers no way to set it (add it to values.schema.json's env names)")
 		}
 	}
 	sort.Strings(problems)
@@ -58,11 +58,12 @@ func TestHelmEnvNamesAreAuthlimits(t *testing.T) {
 	}
 }
 
-// readmeEnvVariables lists the variables of README's configuration table.
+// readmeEnvVariables lists the variables of the configuration
+// reference's tables (docs/configuration.md).
 func readmeEnvVariables(t *testing.T) map[string]bool {
 	t.Helper()
 	vars := map[string]bool{}
-	for _, line := range strings.Split(string(readRepo(t, "README.md")), "\n") {
+	for _, line := range strings.Split(string(readRepo(t, "docs/configuration.md")), "\n") {
 		if !strings.HasPrefix(line, "| `AUTHLIMIT_") {
 			continue
 		}
@@ -74,7 +75,7 @@ func readmeEnvVariables(t *testing.T) map[string]bool {
 		}
 	}
 	if len(vars) < 10 {
-		t.Fatalf("README's configuration table has only %d variables", len(vars))
+		t.Fatalf("docs/configuration.md's tables have only %d variables", len(vars))
 	}
 	return vars
 }

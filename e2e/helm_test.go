@@ -66,6 +66,14 @@ func buildHelm() (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
 	}
+	unlock, err := lockBuild(bin)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil // built by another run while this one waited
+	}
 	fmt.Fprintf(os.Stderr, "e2e: building Helm %s into %s (several minutes, once)\n", helmVersion, bin)
 	b, err := exec.Command("go", "mod", "download", "-json", "helm.sh/helm/v3@"+helmVersion).Output()
 	if err != nil {
@@ -637,8 +645,8 @@ func TestHelmGRPC(t *testing.T) {
 		t.Errorf("AUTHLIMIT_GRPC_LISTEN = %q, container ports %v; want :8081 on port grpc 8081", listen, containerPorts)
 	}
 	// The gRPC front's variable is checked by authlimit itself once it
-	// knows it (README's configuration table lists it).
-	if strings.Contains(string(readRepo(t, "README.md")), "| `AUTHLIMIT_GRPC_LISTEN`") {
+	// knows it (the configuration reference lists it).
+	if strings.Contains(string(readRepo(t, "docs/configuration.md")), "| `AUTHLIMIT_GRPC_LISTEN`") {
 		checkChartEnv(t, r, chartWant{divisor: "2", rulesMap: "rl-authlimit-rules"})
 	}
 }

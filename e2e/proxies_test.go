@@ -59,7 +59,7 @@ func startNginx(lua bool) func(t *testing.T, authlimit, backend, variant string)
 			site = render(t, "nginx/example.conf",
 				"server authlimit:8080;", "server "+authlimit+";",
 				"server backend:80;", "server "+backend+";",
-				"listen 8080;", "listen "+addr+";")
+				"listen 8000;", "listen "+addr+";")
 		}
 		switch {
 		case variant == "failopen" && lua:
@@ -89,7 +89,7 @@ func openrestySite(t *testing.T, dir, authlimit, backend, addr string) string {
 		`lua_package_path "/etc/nginx/lua/?.lua;;";`, `lua_package_path "`+dir+`/?.lua;;";`,
 		`address = "authlimit:8080",`, `address = "`+authlimit+`",`,
 		"server backend:80;", "server "+backend+";",
-		"listen 8080;", "listen "+addr+";")
+		"listen 8000;", "listen "+addr+";")
 }
 
 // runNginx starts nginx in dir with site included in a minimal nginx.conf,

@@ -11,16 +11,16 @@ import (
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
-// tiersRules are README's rules for the API-key case, as nginx/tiers.conf
+// tiersRules are docs/rules.md's rules for the API-key case, as nginx/tiers.conf
 // names them too.
 const tiersRules = `name=api key=header:X-Api-Key limit=2/1m tier=header:X-Plan
 tier rule=api name=pro limit=4/1m
 override rule=api key=k-bigcorp-5d1e limit=6/1m
 `
 
-// TestAPIKeyTiersBehindNginx is README's "API-key case end to end behind
+// TestAPIKeyTiersBehindNginx is docs/rules.md's "API-key case end to end behind
 // nginx": nginx/tiers.conf maps each API key to its plan and sends it in
-// X-Plan; authlimit, with README's rules in AUTHLIMIT_RULES_FILE, limits a
+// X-Plan; authlimit, with those rules in AUTHLIMIT_RULES_FILE, limits a
 // key by its plan, a key with an override by that, and the rest by the
 // rule's own limit. A client's own X-Plan (either spelling) changes
 // nothing, nor does one sent to authlimit directly; the headers give the
@@ -29,11 +29,11 @@ func TestAPIKeyTiersBehindNginx(t *testing.T) {
 	if err := bins.missing["nginx"]; err != nil {
 		t.Fatalf("nginx is not available: %v", err)
 	}
-	readme := string(readRepo(t, "README.md"))
+	readme := string(readRepo(t, "docs/rules.md"))
 	conf := string(readRepo(t, "nginx/tiers.conf"))
 	for _, line := range strings.Split(strings.TrimSpace(tiersRules), "\n") {
 		if !strings.Contains(readme, line) {
-			t.Errorf("README does not show the rule line %q", line)
+			t.Errorf("docs/rules.md does not show the rule line %q", line)
 		}
 		if !strings.Contains(conf, "#   "+line) {
 			t.Errorf("nginx/tiers.conf does not show the rule line %q", line)
@@ -59,7 +59,7 @@ func TestAPIKeyTiersBehindNginx(t *testing.T) {
 	site := render(t, "nginx/tiers.conf",
 		"server authlimit:8080;", "server "+a.addr+";",
 		"server backend:80;", "server "+be.addr+";",
-		"listen 8080;", "listen "+addr+";")
+		"listen 8000;", "listen "+addr+";")
 	runNginx(t, "nginx", dir, addr, site, false)
 
 	c := newClient("127.0.0.41")

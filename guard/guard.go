@@ -24,8 +24,9 @@ import (
 	"github.com/authlimit/authlimit/algo"
 )
 
-// Store decides the policies of one request atomically (algo.Redis and
-// algo.Memory are two). An error means no decision is known.
+// Store decides the policies of one request atomically (the Redis store of
+// package store/redis and algo.Memory are two). An error means no decision
+// is known.
 type Store interface {
 	Decide(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error)
 }
@@ -568,7 +569,7 @@ func (g *Guard) Reset(ctx context.Context, reqs []algo.Request) error {
 }
 
 // AsyncStore is a store that decides without holding its caller
-// (algo.Redis): see algo.Redis.DecideAsync.
+// (the Redis store): see store/redis's Store.DecideAsync.
 type AsyncStore interface {
 	DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool
 }

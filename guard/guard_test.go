@@ -93,7 +93,7 @@ var (
 	errDown    = fmt.Errorf("redis decide: %w: refused", algo.ErrUnreachable)
 )
 
-// asyncFlaky is flaky deciding asynchronously, as algo.Redis does: the
+// asyncFlaky is flaky deciding asynchronously, as the Redis store does: the
 // outcome is told on a goroutine of its own.
 type asyncFlaky struct{ *flaky }
 

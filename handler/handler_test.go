@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/algo"
@@ -17,6 +17,7 @@ import (
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 var defaultTrusted = []netip.Prefix{
@@ -390,12 +391,12 @@ func benchServe(b *testing.B, name string, h *Handler, parallelism int) {
 // request path's allocations per decision on Redis.
 func BenchmarkAuthRedis(b *testing.B) {
 	srv := redistest.New(b)
-	base, err := redis.ParseURL(srv.URL)
+	base, err := goredis.ParseURL(srv.URL)
 	if err != nil {
 		b.Fatal(err)
 	}
-	base.PoolSize, base.Protocol = algo.DefaultRedisConns+4, 2
-	client := redis.NewClient(base)
+	base.PoolSize, base.Protocol = redis.DefaultConns+4, 2
+	client := goredis.NewClient(base)
 	b.Cleanup(func() { _ = client.Close() })
 	for _, tc := range []struct{ name, rules string }{
 		{"rules=1", "name=a key=ip limit=1000000000/1m"},
@@ -409,7 +410,7 @@ func BenchmarkAuthRedis(b *testing.B) {
 		for _, r := range rs {
 			policies = append(policies, r.Policy)
 		}
-		store := algo.NewRedis(client, algo.RedisOptions{Prefix: srv.Prefix(b), Timeout: time.Second})
+		store := redis.New(client, redis.Options{Prefix: srv.Prefix(b), Timeout: time.Second})
 		b.Cleanup(func() { _ = store.Close() })
 		local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 		b.Cleanup(func() { _ = local.Close() })

@@ -19,12 +19,13 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 // envPrefix starts every variable authlimit reads.
@@ -38,8 +39,8 @@ const maxBreakerBackoff = time.Second
 // config is authlimit's whole configuration, read from AUTHLIMIT_*
 // variables. Its tags hold every default authlimit has, but those a package
 // it configures owns, which defaultConfig takes from that package: the
-// packages take every value from config. README documents every field and
-// its default; TestREADMEDocumentsEveryVariable keeps the two in step.
+// packages take every value from config. docs/configuration.md documents every field
+// and its default; TestDocsDocumentEveryVariable keeps the two in step.
 type config struct {
 	Listen   string `env:"LISTEN" envDefault:":8080"`
 	RedisURL string `env:"REDIS_URL"`
@@ -104,9 +105,9 @@ type settings struct {
 	trusted       []netip.Prefix
 	allow, block  []netip.Prefix
 	logLevel      slog.Level
-	redisOptions  *redis.UniversalOptions // nil: the embedded memory store
-	redisPlain    *redis.Options          // standalone mode's options
-	redisDisplay  string                  // the store, credentials hidden
+	redisOptions  *goredis.UniversalOptions // nil: the embedded memory store
+	redisPlain    *goredis.Options          // standalone mode's options
+	redisDisplay  string                    // the store, credentials hidden
 	listenNetwork string
 	// maxConns is AUTHLIMIT_MAX_CONNS, or when unset, once limitConns
 	// ran, derived from the open file limit (0: no cap).
@@ -361,7 +362,7 @@ const redisSpareConns = 4
 // redisSettings turns the REDIS_* variables into client options, or nil for
 // the embedded memory store. Standalone mode also gets plain client options,
 // which keep a unix:// URL's network.
-func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOptions, *redis.Options, string) {
+func redisSettings(c *config, problem func(string, error)) (*goredis.UniversalOptions, *goredis.Options, string) {
 	if c.RedisURL == "" {
 		if c.RedisMode != "standalone" || len(c.RedisAddrs) > 0 || c.RedisMaster != "" {
 			problem("REDIS_URL", errors.New("not set, but other AUTHLIMIT_REDIS_* variables are: set it, or unset them for the embedded store"))
@@ -391,7 +392,7 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 		// go-redis's TLS dialing ignores the dial's context: a decision
 		// that dials a Redis that accepts and never completes the
 		// handshake would wait the dial timeout, not its budget.
-		base.Dialer = algo.TLSDialer(base.TLSConfig, base.DialTimeout)
+		base.Dialer = redis.TLSDialer(base.TLSConfig, base.DialTimeout)
 	}
 	base.PoolTimeout = c.RedisTimeout
 	// REDIS_POOL_SIZE connections carry decisions, a batch each; a few more
@@ -400,7 +401,7 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	// the pool dials nothing in the background (no minimum of idle
 	// connections), so nothing dials during a burst. In a cluster they are
 	// the pool's; a standalone or Sentinel store opens its own (see
-	// algo.RedisOptions.Conns), and its pool keeps only the few.
+	// redis.Options.Conns), and its pool keeps only the few.
 	base.PoolSize = c.RedisPoolSize + redisSpareConns
 	base.ConnMaxIdleTime = -1
 	base.ClientName = "authlimit"
@@ -412,7 +413,7 @@ func redisSettings(c *config, problem func(string, error)) (*redis.UniversalOpti
 	// retry would count its requests again.
 	base.DialerRetries = 1
 	base.MaxRetries = -1
-	o := &redis.UniversalOptions{
+	o := &goredis.UniversalOptions{
 		Addrs:                 append([]string{base.Addr}, c.RedisAddrs...),
 		Username:              base.Username,
 		Password:              base.Password,
@@ -505,13 +506,13 @@ func tlsSettings(c *config, t *tls.Config, problem func(string, error)) {
 // Its errors quote nothing of the user information: go-redis's own quote
 // the URL up to where it went wrong, which with a '#', '/' or '?' in the
 // password is inside the password.
-func parseRedisURL(raw string) (*redis.Options, error) {
+func parseRedisURL(raw string) (*goredis.Options, error) {
 	shown := redactURL(raw)
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok || scheme == "" {
 		return nil, errors.New("not a URL: want redis://, rediss:// or unix:// (such as redis://user:password@host:6379/0)")
 	}
-	o, err := redis.ParseURL(raw)
+	o, err := goredis.ParseURL(raw)
 	if err == nil {
 		if at := strings.LastIndexByte(rest, '@'); at >= 0 && !sameHost(raw, rest[at+1:]) {
 			err = errors.New("user information read as host")
@@ -520,7 +521,7 @@ func parseRedisURL(raw string) (*redis.Options, error) {
 	if err == nil {
 		return o, nil
 	}
-	if _, err := redis.ParseURL(shown); err != nil {
+	if _, err := goredis.ParseURL(shown); err != nil {
 		// The trouble is outside the user information, which shown
 		// hides: go-redis's message about shown quotes no credential.
 		return nil, fmt.Errorf("%s: %w", shown, err)

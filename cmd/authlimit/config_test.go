@@ -306,14 +306,18 @@ func startLogs(t *testing.T, env map[string]string) string {
 	return logs.String()
 }
 
-// TestREADMEDocumentsEveryVariable: README's configuration table and
+// configDoc is the configuration reference: its tables list every
+// variable with its default.
+const configDoc = "../../docs/configuration.md"
+
+// TestDocsDocumentEveryVariable: the configuration reference's tables and
 // config agree: the same variables, with the same defaults.
-func TestREADMEDocumentsEveryVariable(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+func TestDocsDocumentEveryVariable(t *testing.T) {
+	readme, err := os.ReadFile(configDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	documented := map[string]string{} // variable → default as README shows it
+	documented := map[string]string{} // variable → default as the tables show it
 	cell := regexp.MustCompile("`(" + envPrefix + "[A-Z0-9_]+)`")
 	for _, line := range strings.Split(string(readme), "\n") {
 		if !strings.HasPrefix(line, "| `"+envPrefix) {
@@ -321,7 +325,7 @@ func TestREADMEDocumentsEveryVariable(t *testing.T) {
 		}
 		cells := strings.Split(line, " | ")
 		if len(cells) < 3 {
-			t.Errorf("README row %q has no default column", line)
+			t.Errorf("%s: row %q has no default column", configDoc, line)
 			continue
 		}
 		def := cells[1]
@@ -346,7 +350,7 @@ func TestREADMEDocumentsEveryVariable(t *testing.T) {
 		got, ok := documented[name]
 		switch {
 		case !ok:
-			mismatches = append(mismatches, name+" is not in README's table")
+			mismatches = append(mismatches, name+" is in no table")
 		case got != want:
 			shown := "unset"
 			if got != "" {
@@ -356,17 +360,17 @@ func TestREADMEDocumentsEveryVariable(t *testing.T) {
 			if want != "" {
 				wantShown = "`" + want + "`"
 			}
-			mismatches = append(mismatches, name+": README says the default is "+shown+", config has "+wantShown)
+			mismatches = append(mismatches, name+": the table says the default is "+shown+", config has "+wantShown)
 		}
 	}
 	for name := range documented {
 		if !fields[name] {
-			mismatches = append(mismatches, name+" is in README's table, but config has no such variable")
+			mismatches = append(mismatches, name+" is in a table, but config has no such variable")
 		}
 	}
 	if len(mismatches) > 0 {
 		sort.Strings(mismatches)
-		t.Errorf("README's configuration table and config disagree:\n  %s", strings.Join(mismatches, "\n  "))
+		t.Errorf("%s and config disagree:\n  %s", configDoc, strings.Join(mismatches, "\n  "))
 	}
 }
 

@@ -134,8 +134,8 @@ func newGRPCServer(conns *conncap.Cap, accepted prometheus.Counter, log *slog.Lo
 	return grpcwire.NewServer(grpcwire.Options{
 		Conns:        conns,
 		Accepted:     accepted.Inc,
-		IdleTimeout:  serverTimeouts.idle,
-		WriteTimeout: serverTimeouts.write,
+		IdleTimeout:  serverTimeouts.Idle,
+		WriteTimeout: serverTimeouts.Write,
 		Log:          log,
 	})
 }

@@ -26,7 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/algo"
@@ -35,7 +35,9 @@ import (
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/httpconn"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 // version is set at build time: -ldflags "-X main.version=v1.2.3".
@@ -139,14 +141,30 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 }
 
 // listener wraps the decision listener l with the settings' limits.
-func (a *app) listener(l net.Listener, s *settings) *listener {
-	return newListener(l, listenerConfig{
-		maxHeader: s.MaxHeaderBytes,
-		conns:     a.connCap,
-		timeouts:  serverTimeouts,
-		metrics:   a.conns,
-		log:       a.log,
+func (a *app) listener(l net.Listener, s *settings) *httpconn.Listener {
+	return httpconn.New(l, httpconn.Config{
+		MaxHeader: s.MaxHeaderBytes,
+		Conns:     a.connCap,
+		Timeouts:  serverTimeouts,
+		Metrics:   httpconn.Metrics{Accepted: a.conns.accepted, AcceptErrors: a.conns.acceptErrors},
+		Log:       a.log,
 	})
+}
+
+// serverTimeouts bound how long a client holds a connection to the
+// decision listener, and the gRPC one's write and idle times. The write
+// timeout covers a request held by a shaping rule; the idle one is longer
+// than the proxies' upstream keep-alive, so that authlimit never closes a
+// connection a proxy is about to reuse.
+var serverTimeouts = httpconn.Timeouts{Read: 10 * time.Second, Write: 10*time.Second + algo.MaxDelay, Idle: 2 * time.Minute}
+
+// connMetrics count what the decision and gRPC listeners do with
+// connections.
+type connMetrics struct {
+	accepted     prometheus.Counter // accepted and served by the decision listener
+	grpcAccepted prometheus.Counter // accepted and served by the gRPC listener
+	rejected     prometheus.Counter // closed at once: the cap was reached (counted by the cap, on either listener)
+	acceptErrors prometheus.Counter // failed accepts, each followed by a wait
 }
 
 // app is a configured authlimit: the engine, the fronts, their servers and
@@ -160,8 +178,7 @@ type app struct {
 	closers []func() error
 	// reload reloads AUTHLIMIT_RULES_FILE.
 	reload *reloader
-	// conns count what the decision listener does with connections (see
-	// newListener).
+	// conns count what the listeners do with connections.
 	conns connMetrics
 	// connCap is AUTHLIMIT_MAX_CONNS over the decision listener and the
 	// gRPC listener together.
@@ -203,7 +220,7 @@ func (a *app) hold(d time.Duration) {
 // closes at once every connection that has no request on it, and waits up
 // to timeout for the requests in flight, whose answers say
 // "Connection: close".
-func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) error {
+func (a *app) serve(ctx context.Context, l *httpconn.Listener, timeout time.Duration) error {
 	served := make(chan error, 1)
 	go func() { served <- a.server.Serve(l) }()
 	grpcServed := a.serveGRPC()
@@ -229,7 +246,7 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 	// fasthttp closes the connections idle between two requests itself,
 	// but counts a new one as busy from its accept: one that never sends
 	// a byte would hold the shutdown until its read timeout.
-	l.closeSilent()
+	l.CloseSilent()
 	grpcStopped := a.stopGRPC(sctx)
 	spoaStopped := a.stopSPOA(sctx)
 	a.stopAdmin(sctx)
@@ -251,7 +268,7 @@ func (a *app) serve(ctx context.Context, l *listener, timeout time.Duration) err
 func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a := &app{log: log, stopping: make(chan struct{})}
 	// go-redis logs through a process-wide logger; send it to ours.
-	redis.SetLogger(redisLogger{log})
+	goredis.SetLogger(redisLogger{log})
 	if s.defaultRules {
 		log.Warn("AUTHLIMIT_RULES is not set: using the default rule", "rule", rules.Default)
 	}
@@ -309,11 +326,11 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		registerMemory(reg, m, "primary")
 		gopts.Store = m
 	} else {
-		var client redis.UniversalClient
+		var client goredis.UniversalClient
 		if s.redisPlain != nil {
-			client = redis.NewClient(s.redisPlain)
+			client = goredis.NewClient(s.redisPlain)
 		} else {
-			client = redis.NewUniversalClient(s.redisOptions)
+			client = goredis.NewUniversalClient(s.redisOptions)
 		}
 		a.closers = append(a.closers, client.Close)
 		lost := prometheus.NewCounter(prometheus.CounterOpts{
@@ -321,7 +338,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 			Help: "Rules of Redis Cluster requests denied by one slot whose consumption in another slot could not be refunded, or whose refund was sent but not answered (it may have run).",
 		})
 		reg.MustRegister(lost)
-		rs := algo.NewRedis(client, algo.RedisOptions{
+		rs := redis.New(client, redis.Options{
 			Prefix:  s.KeyPrefix,
 			Timeout: s.RedisTimeout,
 			Conns:   s.RedisPoolSize,
@@ -348,9 +365,9 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a.closers = append(a.closers, func() error { g.Close(); return nil })
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = g.Start(sctx)
-	if rs, ok := gopts.Store.(*algo.Redis); ok && err == nil {
+	if rs, ok := gopts.Store.(*redis.Store); ok && err == nil {
 		if missing, _ := rs.RefusedCommands(sctx); len(missing) > 0 {
-			log.Warn("the redis user may not run "+strings.Join(missing, " or ")+": decisions stay exact, but decide.lua falls back to slower commands (SET ... KEEPTTL for SETRANGE, a GET per key for MGET, in a Redis Cluster a call per slot for EXISTS), which cost Redis more and add entries to ACL LOG; grant them (README: Least-privilege Redis user)", "redis", s.redisDisplay)
+			log.Warn("the redis user may not run "+strings.Join(missing, " or ")+": decisions stay exact, but decide.lua falls back to slower commands (SET ... KEEPTTL for SETRANGE, a GET per key for MGET, in a Redis Cluster a call per slot for EXISTS), which cost Redis more and add entries to ACL LOG; grant them (docs/security.md: Least-privilege Redis user)", "redis", s.redisDisplay)
 		}
 	}
 	cancel()
@@ -513,7 +530,7 @@ func (a *app) close() {
 // errorHandler answers requests fasthttp could not read: headers larger
 // than AUTHLIMIT_MAX_HEADER_BYTES get 431, a body over 64 KiB 413, a
 // request that stalls 408, anything else malformed (bare line feeds
-// included, see conn) 400.
+// included, see httpconn) 400.
 func errorHandler(ctx *fasthttp.RequestCtx, err error) {
 	var status int
 	var sizeErr *fasthttp.ErrSmallBuffer
@@ -522,17 +539,12 @@ func errorHandler(ctx *fasthttp.RequestCtx, err error) {
 		status = fasthttp.StatusRequestHeaderFieldsTooLarge
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status = fasthttp.StatusRequestEntityTooLarge
-	case isTimeout(err):
+	case httpconn.IsTimeout(err):
 		status = fasthttp.StatusRequestTimeout
 	default:
 		status = fasthttp.StatusBadRequest
 	}
 	ctx.Error(fasthttp.StatusMessage(status)+"\n", status)
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // healthcheck asks the local authlimit's /healthz, over the address it

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+	"net"
 	"os"
 	"regexp"
 	"sort"
@@ -9,15 +11,20 @@ import (
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/authlimit/authlimit/front/spoa/spoatest"
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
-// TestREADMEDocumentsEveryMetric: every metric family authlimit exports,
+// metricsDoc holds the metrics table, a row per metric family.
+const metricsDoc = "../../docs/operations.md"
+
+// TestDocsDocumentEveryMetric: every metric family authlimit exports,
 // with Redis, the gRPC services and both fronts in use, has a row in
-// README's metrics table. A family only appears once one of its series has
-// a value, so the test first makes every front decide and deny.
-func TestREADMEDocumentsEveryMetric(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// the metrics table of docs/operations.md. A family only appears once one
+// of its series has a value, so the test first makes every front decide
+// and deny.
+func TestDocsDocumentEveryMetric(t *testing.T) {
+	readme, err := os.ReadFile(metricsDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +36,7 @@ func TestREADMEDocumentsEveryMetric(t *testing.T) {
 		}
 	}
 	if len(documented) < 10 {
-		t.Fatalf("found %d metric rows in README; has its table moved?", len(documented))
+		t.Fatalf("found %d metric rows in %s; has its table moved?", len(documented), metricsDoc)
 	}
 
 	srv := redistest.New(t)
@@ -40,6 +47,7 @@ func TestREADMEDocumentsEveryMetric(t *testing.T) {
 		"AUTHLIMIT_GRPC_LISTEN":   "127.0.0.1:0",
 		"AUTHLIMIT_RLS_CONFIG":    writeFile(t, "rls.yaml", rlsConfig),
 		"AUTHLIMIT_REDIS_TIMEOUT": "1s",
+		"AUTHLIMIT_SPOA_LISTEN":   "127.0.0.1:0",
 	})
 	for range 3 {
 		app.do(t, authFrom("203.0.113.7"))
@@ -48,6 +56,21 @@ func TestREADMEDocumentsEveryMetric(t *testing.T) {
 	rl := pb.NewRateLimitServiceClient(conn)
 	for range 2 {
 		shouldRateLimit(t, rl, "another", "key3", "metrics")
+	}
+	// The SPOE agent: a decision, then a frame that breaks the protocol.
+	spoaAddr := app.app.spoa.listener.Addr().String()
+	sc, err := spoatest.Dial(spoaAddr, 16380)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Ask(spoatest.Request{Method: "GET", Target: "/", Headers: []string{"Host", "h"}}); err != nil {
+		t.Fatal(err)
+	}
+	sc.Close()
+	if nc, err := net.Dial("tcp", spoaAddr); err == nil {
+		_, _ = nc.Write([]byte{0, 0, 0, 3, 1, 0, 0})
+		_, _ = io.Copy(io.Discard, nc)
+		nc.Close()
 	}
 	m := app.do(t, request{path: "/metrics"})
 	wantStatus(t, m, 200, "/metrics")
@@ -72,6 +95,6 @@ func TestREADMEDocumentsEveryMetric(t *testing.T) {
 	}
 	sort.Strings(missing)
 	if len(missing) > 0 {
-		t.Errorf("exported but not in README's metrics table:\n  %s", strings.Join(missing, "\n  "))
+		t.Errorf("exported but not in the metrics table of %s:\n  %s", metricsDoc, strings.Join(missing, "\n  "))
 	}
 }

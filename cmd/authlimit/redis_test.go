@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/internal/redistest"
 )
@@ -267,7 +267,7 @@ func TestSentinelMode(t *testing.T) {
 	master := ownRedis(t)
 	sentinel := redistest.StartSentinel(t, master, "authlimit-master")
 	// Wait until the sentinel knows the master.
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr})
+	sc := goredis.NewSentinelClient(&goredis.Options{Addr: sentinel.Addr})
 	defer sc.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -17,7 +17,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -31,6 +31,7 @@ import (
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 // trusted are the proxies both fronts trust: loopback (where the HTTP
@@ -78,19 +79,19 @@ func newStack(t testing.TB, b backend, src string, mod func(*decide.Options)) *s
 	} else {
 		client := b.redis.Client(t)
 		if b.proxy != nil {
-			opts, err := redis.ParseURL(b.redis.URL)
+			opts, err := goredis.ParseURL(b.redis.URL)
 			if err != nil {
 				t.Fatal(err)
 			}
 			opts.Addr, opts.MaxRetries, opts.ContextTimeoutEnabled = b.proxy.Addr, -1, true
-			client = redis.NewClient(opts)
+			client = goredis.NewClient(opts)
 			t.Cleanup(func() { _ = client.Close() })
 		}
 		budget := b.budget
 		if budget == 0 {
 			budget = time.Second
 		}
-		store := algo.NewRedis(client, algo.RedisOptions{Prefix: b.redis.Prefix(t), Timeout: budget})
+		store := redis.New(client, redis.Options{Prefix: b.redis.Prefix(t), Timeout: budget})
 		t.Cleanup(func() { _ = store.Close() })
 		local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 		t.Cleanup(func() { _ = local.Close() })

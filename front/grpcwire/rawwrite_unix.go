@@ -2,15 +2,12 @@
 
 package grpcwire
 
-import (
-	"net"
-	"syscall"
-)
+import "syscall"
 
-// rawWriter returns nc's file descriptor and a write of c.tryBuf to it
-// that never waits (the descriptor is non-blocking, as Go keeps every
-// socket's), or nil if nc has none.
-func rawWriter(c *conn, nc net.Conn) (syscall.RawConn, func(fd uintptr) bool) {
+// rawWriter returns nc's file descriptor and a write of w.buf to it that
+// never waits (the descriptor is non-blocking, as Go keeps every
+// socket's), or nil if nc has none. See "The raw write path" in write.go.
+func rawWriter(w *rawWrite, nc any) (syscall.RawConn, func(fd uintptr) bool) {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return nil, nil
@@ -20,7 +17,7 @@ func rawWriter(c *conn, nc net.Conn) (syscall.RawConn, func(fd uintptr) bool) {
 		return nil, nil
 	}
 	return raw, func(fd uintptr) bool {
-		c.tryN, c.tryErr = syscall.Write(int(fd), c.tryBuf)
+		w.n, w.err = syscall.Write(int(fd), w.buf)
 		return true
 	}
 }

@@ -1,25 +1,3 @@
-// Package grpcwire serves gRPC over HTTP/2 in clear text (h2c with prior
-// knowledge, as Envoy's gRPC client and grpc-go's insecure client speak
-// it): unary methods registered by their full path, and the health
-// service with its server-streaming Watch. It owns the wire: the accept
-// loop, one reading goroutine per connection, HTTP/2 framing, flow
-// control and the gRPC framing of messages, and runs each call's handler
-// on a goroutine of its own (a worker that then waits for the next call),
-// so that a call held for a while never holds the others. A method
-// registered with UnaryRawAsync is started on the reader instead, and
-// answered (Reply.Send) by whichever goroutine has its answer: a call that
-// waits on something else (a store's batch) costs no goroutine and no
-// hand-off of its own.
-//
-// A response is written by the goroutine that produced it, under the
-// connection's lock: the frames of every response ready at that moment go
-// out in one write, and the header blocks of a response are prebuilt.
-//
-// A handler's context is part of its call's stream and costs nothing
-// until the handler asks for Done: it ends when the client resets the
-// call, when the connection closes, when the call's grpc-timeout passes
-// (its deadline), and when the call ends. It carries no values.
-// WithoutCancel detaches it without an allocation.
 package grpcwire
 
 import (
@@ -466,7 +444,7 @@ func (s *Server) GracefulStop() {
 // reader has ended; it does not wait for the handlers.
 func (s *Server) Stop() {
 	for _, c := range s.stop() {
-		c.closeNow(errors.New("server stopped"))
+		c.closeNow()
 	}
 	s.connsDone.Wait()
 }

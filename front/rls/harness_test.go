@@ -11,7 +11,7 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -23,6 +23,7 @@ import (
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 // env is a Service behind a real gRPC server on a loopback port, deciding
@@ -98,14 +99,14 @@ func startWith(t testing.TB, kind storeKind, mode guard.FailMode, files ...strin
 		opts.Store = m
 	case redisStore:
 		e.redis = redistest.New(t)
-		rs := algo.NewRedis(e.redis.Client(t), algo.RedisOptions{Prefix: e.redis.Prefix(t), Timeout: 2 * time.Second})
+		rs := redis.New(e.redis.Client(t), redis.Options{Prefix: e.redis.Prefix(t), Timeout: 2 * time.Second})
 		t.Cleanup(func() { _ = rs.Close() })
 		opts.Store, opts.Remote = rs, true
 	case clusterStore:
 		c := redistest.NewCluster(t)
-		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+		client := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.Addrs})
 		t.Cleanup(func() { _ = client.Close() })
-		rs := algo.NewRedis(client, algo.RedisOptions{Prefix: "rls" + strconv.FormatInt(time.Now().UnixNano(), 36), Timeout: 2 * time.Second})
+		rs := redis.New(client, redis.Options{Prefix: "rls" + strconv.FormatInt(time.Now().UnixNano(), 36), Timeout: 2 * time.Second})
 		t.Cleanup(func() { _ = rs.Close() })
 		opts.Store, opts.Remote = rs, true
 	}

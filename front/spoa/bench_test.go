@@ -15,6 +15,7 @@ import (
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/store/redis"
 )
 
 // BenchmarkAgent: NOTIFY frames for distinct clients, decided on the
@@ -45,7 +46,7 @@ func newRedisEngine(b *testing.B, src string) *decide.Engine {
 		b.Fatal(err)
 	}
 	srv := redistest.New(b)
-	store := algo.NewRedis(srv.Client(b), algo.RedisOptions{Prefix: srv.Prefix(b), Timeout: time.Second})
+	store := redis.New(srv.Client(b), redis.Options{Prefix: srv.Prefix(b), Timeout: time.Second})
 	b.Cleanup(func() { _ = store.Close() })
 	var policies []*algo.Policy
 	for _, r := range rs {

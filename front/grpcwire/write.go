@@ -1,0 +1,226 @@
+package grpcwire
+
+import (
+	"syscall"
+	"time"
+)
+
+// Writing. Frames are appended to c.sh.wbuf under c.mu by whoever has
+// them: the reader (acknowledgements, resets, window updates), a handler
+// (its answer), whoever completes an asynchronous call. Then one of them
+// writes: flushLocked takes the whole buffer, releases c.mu and writes it
+// in one write, while the others append to a fresh buffer (c.sh.spare)
+// and leave it to the one writing (c.sh.flushing), which writes again
+// until nothing is left. So the answers of every call ready at that
+// moment go out in one system call, and no goroutine waits for another's
+// write but the one that writes.
+
+// queueLocked adds out to what s sends, sends what the windows allow, and
+// keeps the rest for a WINDOW_UPDATE.
+func (c *conn) queueLocked(s *stream, out *[]byte) {
+	if s.sh.out == nil {
+		s.sh.out, s.sh.outOff = out, 0
+	} else {
+		*s.sh.out = append((*s.sh.out)[s.sh.outOff:], *out...)
+		s.sh.outOff = 0
+		putBuf(out)
+	}
+	if !c.pushLocked(s) {
+		if len(c.sh.blocked) == 0 {
+			c.sh.blockedAt = time.Now()
+		}
+		for _, b := range c.sh.blocked {
+			if b == s {
+				return
+			}
+		}
+		c.sh.blocked = append(c.sh.blocked, s)
+	}
+}
+
+// pushLocked sends what the windows allow of s's waiting bytes, then its
+// trailers if it has them; it reports whether nothing waits.
+func (c *conn) pushLocked(s *stream) bool {
+	if s.sh.reset {
+		return true
+	}
+	for s.sh.out != nil && s.sh.outOff < len(*s.sh.out) {
+		n := min(int64(len(*s.sh.out)-s.sh.outOff), int64(c.sh.maxFrame), c.sh.sendWindow, s.sh.sendWindow)
+		if n <= 0 {
+			return false
+		}
+		c.sh.wbuf = appendFrameHeader(c.sh.wbuf, int(n), frameData, 0, s.id)
+		c.sh.wbuf = append(c.sh.wbuf, (*s.sh.out)[s.sh.outOff:s.sh.outOff+int(n)]...)
+		s.sh.outOff += int(n)
+		c.sh.sendWindow -= n
+		s.sh.sendWindow -= n
+	}
+	if s.sh.out != nil {
+		putBuf(s.sh.out)
+		s.sh.out = nil
+	}
+	if s.sh.trailers != nil {
+		c.sh.wbuf = appendHeaderBlock(c.sh.wbuf, s.id, s.sh.trailers, true, c.sh.maxFrame)
+		s.sh.trailers = nil
+		delete(c.sh.streams, s.id)
+		c.finishLocked(s)
+	}
+	return true
+}
+
+// pushBlockedLocked sends what the windows now allow of the blocked
+// streams.
+func (c *conn) pushBlockedLocked() {
+	kept := c.sh.blocked[:0]
+	for _, s := range c.sh.blocked {
+		if !c.pushLocked(s) {
+			kept = append(kept, s)
+		}
+	}
+	clear(c.sh.blocked[len(kept):])
+	if len(kept) > 0 && len(kept) < len(c.sh.blocked) {
+		c.sh.blockedAt = time.Now()
+	}
+	c.sh.blocked = kept
+}
+
+// flushLocked writes what is queued, unless another goroutine is writing
+// (which then writes this too). c.mu is held on entry and on return; it is
+// released while the socket is written or closed, as sync.Cond's Wait
+// releases it, so the caller must not rely on what it read under c.mu
+// before. Once the connection is closing and nothing is left to write or
+// to answer, it half-closes the socket, which ends the reader.
+func (c *conn) flushLocked() {
+	sh := &c.sh
+	if sh.flushing || sh.closed {
+		return
+	}
+	sh.flushing = true
+	for len(sh.wbuf) > 0 && !sh.closed {
+		b := sh.wbuf
+		sh.wbuf, sh.queued = sh.spare[:0], 0
+		c.mu.Unlock()
+		err := c.writeDeadline()
+		if err == nil {
+			_, err = c.nc.Write(b)
+		}
+		c.mu.Lock()
+		if cap(b) <= keptBuf {
+			sh.spare = b[:0]
+		} else {
+			sh.spare = nil
+		}
+		if err != nil {
+			sh.flushing = false
+			sh.flushed.Broadcast()
+			if c.closeLocked() {
+				c.mu.Unlock()
+				_ = c.nc.Close()
+				c.mu.Lock()
+			}
+			return
+		}
+	}
+	sh.flushing = false
+	sh.flushed.Broadcast()
+	if sh.closing && sh.active == 0 && !sh.closed && !sh.halfClosed {
+		sh.halfClosed = true
+		// The reader, woken by the deadline, half-closes and drains.
+		c.mu.Unlock()
+		if tc, ok := c.nc.(interface{ CloseWrite() error }); ok {
+			_ = tc.CloseWrite()
+		}
+		_ = c.nc.SetReadDeadline(time.Now().Add(drainTime))
+		c.mu.Lock()
+	}
+}
+
+// writeDeadline gives the next write at least half of WriteTimeout, and
+// at most all of it: the socket's deadline is moved only when less than
+// half is left, not on every write (called by the one writing, whose
+// c.sh.flushing keeps c.sh.wdl its own).
+func (c *conn) writeDeadline() error {
+	now, t := time.Now(), c.srv.opts.WriteTimeout
+	if c.sh.wdl.Sub(now) >= t/2 {
+		return nil
+	}
+	c.sh.wdl = now.Add(t)
+	return c.nc.SetWriteDeadline(c.sh.wdl)
+}
+
+// The raw write path.
+//
+// An asynchronous call (UnaryRawAsync) is answered by whoever completed
+// its decision: a store's batch goroutine answers tens of calls of many
+// connections in a row. Writing each answer with nc.Write would make that
+// goroutine wait for any one client's full socket (nc.Write parks the
+// goroutine until the socket takes every byte or the write deadline
+// passes), and every other call of the batch behind it. Handing every
+// answer to a goroutine of its own to write instead costs a goroutine
+// switch per call, which is most of a small call's cost (see the package
+// doc's figures).
+//
+// So flushFor writes an asynchronous call's answer with one non-blocking
+// write(2) on the socket's file descriptor: Go keeps every socket
+// non-blocking, and syscall.RawConn.Write runs the function with the
+// descriptor while holding it open; the function returns true, so
+// RawConn.Write never waits for the socket to become writable. What the
+// socket takes is gone; what it does not (EAGAIN, a short write) is left
+// in c.sh.wbuf for a goroutine of its own, which writes it as flushLocked
+// does, waiting. The write happens under c.mu, so no other write can
+// interleave: c.sh.flushing is false (no one is writing), and the bytes
+// written are the head of c.sh.wbuf.
+//
+// The function given to RawConn.Write is made once per connection
+// (rawWriter), and reads its buffer from, and writes its outcome to,
+// rawWrite's fields: a closure made per call would allocate. A
+// connection without a descriptor (TLS, an in-memory pipe) has no raw
+// path: see flushFor.
+
+// rawWrite is a connection's raw write path, under c.mu.
+type rawWrite struct {
+	conn syscall.RawConn       // nil: no raw path
+	fn   func(fd uintptr) bool // writes buf to fd once, setting n and err
+	buf  []byte
+	n    int
+	err  error
+}
+
+// flushFor writes what is queued, as flushLocked does, after stream s's
+// answer was queued; c.mu is held on entry and on return. An
+// asynchronous call's answer is written by whoever completed its
+// decision, which may answer many calls of many connections in turn: it
+// must not wait for one client's socket. It writes what the socket takes
+// at once (see the raw write path above), and leaves the rest, if any,
+// to a goroutine of its own, which waits as flushLocked does.
+func (c *conn) flushFor(s *stream) {
+	sh := &c.sh
+	if !s.async || c.raw.conn == nil || sh.flushing || sh.closed || len(sh.wbuf) == 0 {
+		c.flushLocked()
+		return
+	}
+	c.raw.buf, c.raw.n, c.raw.err = sh.wbuf, 0, nil
+	err := c.raw.conn.Write(c.raw.fn)
+	c.raw.buf = nil
+	if err != nil || c.raw.err != nil && c.raw.err != syscall.EAGAIN {
+		c.flushLocked() // it writes again, and meets the error
+		return
+	}
+	n := max(c.raw.n, 0)
+	sh.wbuf = sh.wbuf[:copy(sh.wbuf, sh.wbuf[n:])]
+	sh.queued = 0
+	if len(sh.wbuf) == 0 {
+		c.flushLocked() // nothing left to write: whatever ends the connection
+		return
+	}
+	sh.flushing = true
+	go c.flushLater()
+}
+
+// flushLater writes what flushFor left, on a goroutine of its own.
+func (c *conn) flushLater() {
+	c.mu.Lock()
+	c.sh.flushing = false
+	c.flushLocked()
+	c.mu.Unlock()
+}
