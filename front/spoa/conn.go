@@ -48,10 +48,10 @@ type conn struct {
 	// holding: the reader has frames in hand and writes what is
 	// buffered once it has none (see unhold), so that the answers to a
 	// burst of frames go out in one write.
-	holding     bool
-	wdl         time.Time // the socket's write deadline (the writer's)
-	closed      bool
-	inflight    int // NOTIFY frames handed to the Handler and not answered
+	holding  bool
+	wdl      time.Time // the socket's write deadline (the writer's)
+	closed   bool
+	inflight int // NOTIFY frames handed to the Handler and not answered
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
