@@ -567,6 +567,10 @@ func (c *conn) writeLocked() bool {
 	}
 	c.mu.Lock()
 	c.flushing = false
+	// The buffer just written is the next spare; one grown past
+	// maxPending is let go, and so is the spare wbuf now uses, or the
+	// next write would hand wbuf's own bytes to the socket.
+	c.spare = nil
 	if cap(b) <= maxPending {
 		c.spare = b[:0]
 	}

@@ -398,3 +398,57 @@ func TestFrameLength(t *testing.T) {
 		t.Errorf("length %d, want %d", got, len(b)-6)
 	}
 }
+
+// TestWriteAfterLargeBuffer: once a buffer grown past maxPending is
+// written, the next write hands the socket bytes no answer completed
+// meanwhile writes over. An answer appended while that write waits on the
+// socket (as Reply.Send does with c.mu free) leaves the bytes being
+// written as they were.
+func TestWriteAfterLargeBuffer(t *testing.T) {
+	s, err := NewServer(Options{Handler: newEcho(false), Trusted: loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	w := &hookConn{Conn: a}
+	c := newConn(s, w)
+	c.wbuf = append(make([]byte, 0, maxPending+1), "large"...)
+	c.spare = make([]byte, 0, 1024)
+
+	c.mu.Lock()
+	if !c.writeLocked() {
+		t.Fatal("first write failed")
+	}
+	c.wbuf = append(c.wbuf, "first answer"...)
+	w.during = func() {
+		c.mu.Lock()
+		c.wbuf = append(c.wbuf, "later answer"...)
+		c.mu.Unlock()
+	}
+	if !c.writeLocked() {
+		t.Fatal("second write failed")
+	}
+	c.mu.Unlock()
+	if got, want := string(w.writes[1]), "first answer"; got != want {
+		t.Errorf("second write sent %q, want %q", got, want)
+	}
+}
+
+// hookConn records what each Write is given, after calling during (if set)
+// as the write would wait on the socket.
+type hookConn struct {
+	net.Conn
+	during func()
+	writes [][]byte
+}
+
+func (h *hookConn) Write(b []byte) (int, error) {
+	if h.during != nil {
+		h.during()
+	}
+	h.writes = append(h.writes, bytes.Clone(b))
+	return len(b), nil
+}
+
+func (h *hookConn) SetWriteDeadline(time.Time) error { return nil }
