@@ -2,9 +2,14 @@
 // apart from the decisions, to holders of a bearer token:
 //
 //	GET    /v1/quota   what /auth would decide for a request, consuming nothing
-//	DELETE /v1/quota   forget the rules' state for a request's client (?rule=NAME: one rule)
+//	                   (?rule=NAME&tag=TAG: a key tag's standing under a rule)
+//	DELETE /v1/quota   forget the rules' state for a request's client (?rule=NAME: one rule;
+//	                   ?rule=NAME&tag=TAG: a key tag's under a rule)
 //	GET    /v1/config  the effective configuration, its hash and load time
 //	POST   /v1/reload  reload the configuration files now
+//	GET    /v1/top     a rule's most denied keys, over every replica (?rule=NAME&n=N)
+//	GET    /v1/status  the rules' rates, the store's circuits, the configuration's hash
+//	GET    /           the status page, which asks for the token and keeps it for the tab
 //
 // /v1/quota reads the request the way /auth reads a subrequest: the same
 // method, URI, host and URL headers, and the client in X-Forwarded-For or
@@ -25,6 +30,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/guard"
 )
 
 // Config is the effective configuration as GET /v1/config shows it.
@@ -67,6 +73,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Timeout bounds a request's store calls. Default one second.
 	Timeout time.Duration
+	// Top answers GET /v1/top and the rates of /v1/status; nil: none.
+	Top Top
+	// Circuits returns the store's circuits for /v1/status; nil: none.
+	Circuits func() []guard.Circuit
 }
 
 // Handler serves the admin API.
@@ -102,6 +112,9 @@ func (h *Handler) authorized(ctx *fasthttp.RequestCtx) bool {
 // Serve answers one admin request. Without the token it answers 401 and
 // does nothing.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
+	if servePage(ctx) {
+		return
+	}
 	if !h.authorized(ctx) {
 		h.log.Warn("admin request refused: no valid bearer token", "peer", peerOf(ctx), "method", string(ctx.Method()), "path", string(ctx.Path()))
 		ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="authlimit admin"`)
@@ -112,10 +125,15 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	switch path := string(ctx.Path()); path {
 	case "/v1/quota":
 		switch method {
-		case fasthttp.MethodGet:
-			h.quota(ctx)
-		case fasthttp.MethodDelete:
-			h.reset(ctx)
+		case fasthttp.MethodGet, fasthttp.MethodDelete:
+			switch reset := method == fasthttp.MethodDelete; {
+			case ctx.QueryArgs().Has("tag"):
+				h.tagQuota(ctx, reset)
+			case reset:
+				h.reset(ctx)
+			default:
+				h.quota(ctx)
+			}
 		default:
 			notAllowed(ctx, "GET, DELETE")
 		}
@@ -131,8 +149,18 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		h.reload(ctx)
+	case "/v1/top", "/v1/status":
+		if method != fasthttp.MethodGet {
+			notAllowed(ctx, "GET")
+			return
+		}
+		if path == "/v1/top" {
+			h.top(ctx)
+		} else {
+			h.status(ctx)
+		}
 	default:
-		writeError(ctx, fasthttp.StatusNotFound, "not found: the admin API serves /v1/quota, /v1/config and /v1/reload")
+		writeError(ctx, fasthttp.StatusNotFound, "not found: the admin API serves /v1/quota, /v1/config, /v1/reload, /v1/top and /v1/status")
 	}
 }
 

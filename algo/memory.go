@@ -390,9 +390,12 @@ func CheckRequests(reqs []Request, res []Result) error {
 		if !ValidTag(q.Key) {
 			return invalid("policy %q: key %.40q is not a key tag (see AppendTag)", q.Policy.spec.Name, q.Key)
 		}
+		// A policy may count several keys in one decision (two of
+		// Envoy's descriptors under one limit), but one key once: the
+		// stores read each key's state once per decision.
 		for j := range reqs[:i] {
-			if reqs[j].Policy == q.Policy {
-				return invalid("policy %q appears twice in one decision", q.Policy.spec.Name)
+			if reqs[j].Policy == q.Policy && string(reqs[j].Key) == string(q.Key) {
+				return invalid("policy %q asked twice for one key in one decision", q.Policy.spec.Name)
 			}
 		}
 	}

@@ -57,6 +57,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock returns the current time. Default time.Now.
 	Clock func() time.Time
+	// Observer, when set, is told every rule's answer to every decided
+	// request (see Observer). Default: none.
+	Observer Observer
 }
 
 // Engine decides requests. Build it with New; it is safe for concurrent
@@ -71,6 +74,7 @@ type Engine struct {
 	metrics      *metrics
 	log          *slog.Logger
 	clock        func() time.Time
+	observer     Observer
 
 	// kept are the live limits fronts made with NewLimit, in the order
 	// made: SetRules registers their policies with the rules' own, so
@@ -124,6 +128,7 @@ func New(opts Options) (*Engine, error) {
 		metrics:    m,
 		log:        opts.Logger,
 		clock:      opts.Clock,
+		observer:   opts.Observer,
 	}
 	e.set.Store(newRuleSet(opts.Rules, m))
 	return e, nil
@@ -278,6 +283,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 	defer o.finish()
 	now := e.clock()
 	if e.screen(set, in, o) {
+		o.seen(in)
 		e.decide(ctx, o, now)
 	}
 }
@@ -314,6 +320,17 @@ type AsyncDecider interface {
 	DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool
 }
 
+// WholeDecider is a Decider that can answer with every policy's state,
+// never leaving one unread (algo.Result.NotDecided): see
+// guard.Guard.DecideWhole. DecideLimits asks it so, for a front that
+// reports every limit's count.
+type WholeDecider interface {
+	DecideWhole(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error)
+	DecideWholeAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool
+}
+
+var _ WholeDecider = (*guard.Guard)(nil)
+
 // Then is told that the outcome of a DecideAsync is ready.
 type Then interface {
 	Decided(o *Outcome)
@@ -339,6 +356,7 @@ func (e *Engine) DecideAsync(in *Input, o *Outcome, then Then) bool {
 		then.Decided(o)
 		return true
 	}
+	o.seen(in)
 	return e.decideAsync(ad, o, now, then)
 }
 
@@ -350,7 +368,13 @@ func (e *Engine) decideAsync(ad AsyncDecider, o *Outcome, now time.Time, then Th
 		return true
 	}
 	o.eng, o.now, o.then = e, now, then
-	if !ad.DecideAsync(o.reqs, o.res[:len(o.reqs)], (*asyncOutcome)(o)) {
+	var taken bool
+	if w, ok := e.decider.(WholeDecider); ok && o.whole {
+		taken = w.DecideWholeAsync(o.reqs, o.res[:len(o.reqs)], (*asyncOutcome)(o))
+	} else {
+		taken = ad.DecideAsync(o.reqs, o.res[:len(o.reqs)], (*asyncOutcome)(o))
+	}
+	if !taken {
 		o.eng, o.then = nil, nil
 		return false
 	}
@@ -456,13 +480,16 @@ func (e *Engine) NewLimitCountedAs(name, label string, p *algo.Policy) *Limit {
 // rule matching is as Decide does it: the fail modes, the metrics, the
 // results, the headers and the problem. No rule set and no allow or block
 // list applies. No requests is Unmatched; more than algo.MaxRules, or one
-// without a Limit, is Invalid; a policy asked twice, or a cost out of
-// range, fails (500), as the stores refuse them. The engine's Shadow setting makes every limit a
-// shadow.
+// without a Limit, is Invalid; a limit asked twice for one key, or a cost
+// out of range, fails (500), as the stores refuse them (one limit for
+// several keys is fine). The engine's Shadow setting makes every limit a
+// shadow. Every limit's result is read (a WholeDecider is asked to): none
+// is left NotDecided by another's cached denial.
 func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outcome) {
 	o.reset()
 	defer o.finish()
 	now := e.clock()
+	o.whole = true
 	if e.limits(reqs, o) {
 		e.decide(ctx, o, now)
 	}
@@ -478,6 +505,7 @@ func (e *Engine) DecideLimitsAsync(reqs []LimitRequest, o *Outcome, then Then) b
 	}
 	o.reset()
 	now := e.clock()
+	o.whole = true
 	if !e.limits(reqs, o) {
 		o.finish()
 		then.Decided(o)
@@ -516,7 +544,13 @@ func (e *Engine) decide(ctx context.Context, o *Outcome, now time.Time) {
 		return
 	}
 	res := o.res[:len(o.reqs)]
-	admitted, err := e.decider.Decide(ctx, o.reqs, res)
+	var admitted bool
+	var err error
+	if w, ok := e.decider.(WholeDecider); ok && o.whole {
+		admitted, err = w.DecideWhole(ctx, o.reqs, res)
+	} else {
+		admitted, err = e.decider.Decide(ctx, o.reqs, res)
+	}
 	e.conclude(o, res, admitted, err, now)
 }
 
@@ -639,6 +673,9 @@ func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.
 			costTooHigh = costTooHigh || r.Reason == algo.ReasonCostTooHigh
 		}
 		o.Results = append(o.Results, Result{Rule: o.ruleOf[i], Limit: o.limits[i], Shadow: shadow, Cost: o.reqs[i].EffectiveCost(), Result: r})
+	}
+	if e.observer != nil {
+		e.observe(o, res, now)
 	}
 	o.setHeaders(admitted, now)
 	if admitted {

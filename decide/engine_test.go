@@ -266,7 +266,8 @@ func TestDecideLimits(t *testing.T) {
 	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = m.Close() })
-	g, err := guard.New(guard.Options{Store: m, Policies: []*algo.Policy{a, b}, DenyCacheSize: 100})
+	reg := prometheus.NewRegistry()
+	g, err := guard.New(guard.Options{Store: m, Policies: []*algo.Policy{a, b}, DenyCacheSize: 100, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +275,6 @@ func TestDecideLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
 	e, err := New(Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -296,14 +296,23 @@ func TestDecideLimits(t *testing.T) {
 	if got := header(&o, "RateLimit"); !strings.HasPrefix(got, `"per-user";r=0;`) {
 		t.Errorf("RateLimit %q, want the denying limit's", got)
 	}
-	// Again: the guard's deny cache answers for per-user, so per-route is
-	// not asked: not decided, and not counted.
+	// Again: the guard's deny cache knows per-user's denial, but
+	// DecideLimits reads every limit: per-route's count is the store's.
+	hits := counter(t, reg, "authlimit_deny_cache_hits_total")
 	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: key}, {Limit: lb, Key: key}}, &o)
-	if o.Verdict != Deny || !o.Results[0].NotDecided || o.Results[0].Remaining != 0 || o.Results[1].NotDecided || o.Most != 1 {
-		t.Fatalf("from the deny cache: %v %+v most %d", o.Verdict, o.Results, o.Most)
+	if o.Verdict != Deny || o.Results[0].NotDecided || o.Results[0].Remaining != 1 || o.Results[1].NotDecided || o.Most != 1 {
+		t.Fatalf("with per-user's denial cached: %v %+v most %d", o.Verdict, o.Results, o.Most)
 	}
-	if got := counter(t, reg, "authlimit_decisions_total", "allowed", "per-route"); got != 2 {
-		t.Errorf("per-route allowed %v, want 2: the deny cache's answer counts nothing for it", got)
+	if got := counter(t, reg, "authlimit_deny_cache_hits_total"); got != hits {
+		t.Errorf("deny cache hits %v, want %v: a decision of several limits goes to the store", got, hits)
+	}
+	// per-user alone is answered from the deny cache, whole.
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: lb, Key: key}}, &o)
+	if o.Verdict != Deny || o.Results[0].NotDecided {
+		t.Fatalf("per-user alone: %v %+v", o.Verdict, o.Results)
+	}
+	if got := counter(t, reg, "authlimit_deny_cache_hits_total"); got != hits+1 {
+		t.Errorf("deny cache hits %v, want %v: one limit's denial is the cache's to answer", got, hits+1)
 	}
 	// A limit counted under another label keeps its name in the headers.
 	lc := e.NewLimitCountedAs("rls-override-2-per-minute", "override", a)
@@ -326,9 +335,13 @@ func TestDecideLimits(t *testing.T) {
 	if o.Verdict != Invalid || o.Kind != "no-limit" {
 		t.Errorf("a nil limit: %v %q", o.Verdict, o.Kind)
 	}
-	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: key}, {Limit: la, Key: []byte("other")}}, &o)
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: key}, {Limit: la, Key: key}}, &o)
 	if o.Verdict != Failed || o.Status != 500 {
-		t.Errorf("a policy twice: %v %d", o.Verdict, o.Status)
+		t.Errorf("a limit twice for one key: %v %d", o.Verdict, o.Status)
+	}
+	e.DecideLimits(context.Background(), []LimitRequest{{Limit: la, Key: []byte("user 4")}, {Limit: la, Key: []byte("user 5")}}, &o)
+	if o.Verdict != Allow || o.Results[0].Remaining != 1 || o.Results[1].Remaining != 1 {
+		t.Errorf("a limit for two keys: %v %+v, want each counted", o.Verdict, o.Results)
 	}
 	many := make([]LimitRequest, algo.MaxRules+1)
 	for i := range many {

@@ -43,6 +43,7 @@ type Limit struct {
 
 	quoted  []byte // Name, quoted
 	item    []byte // the RateLimit-Policy item
+	label   string // the metrics' rule label, bounded
 	metrics ruleMetrics
 }
 
@@ -55,6 +56,7 @@ func newLimit(name, label string, p *algo.Policy, m *metrics) *Limit {
 		Policy: p,
 		quoted: []byte(`"` + name + `"`),
 		item:   []byte(fmt.Sprintf(`"%s";q=%d;w=%d`, name, s.Limit, ceilSeconds(s.Window, 1))),
+		label:  label,
 		metrics: ruleMetrics{
 			allowed:      m.decisions.WithLabelValues(label, "allowed"),
 			denied:       m.decisions.WithLabelValues(label, "denied"),

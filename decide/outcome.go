@@ -2,6 +2,7 @@ package decide
 
 import (
 	"net/http"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -111,6 +112,10 @@ type Outcome struct {
 	// Body is the application/problem+json body (RFC 9457) of a request
 	// that is not admitted; empty otherwise.
 	Body []byte
+	// Front names the front that decides with the outcome (http, grpc,
+	// rls, ...), for the Observer; the front sets it once, and the
+	// engine leaves it.
+	Front string
 
 	reqs   []algo.Request
 	res    []algo.Result
@@ -122,6 +127,15 @@ type Outcome struct {
 	hbuf   []byte        // the headers' values
 	hspans []hspan
 	hdrs   [6]Header
+
+	// What the Observer is told of the request (see seen), and the one
+	// Decision it is handed.
+	client       netip.Addr
+	method, path []byte
+	obs          Decision
+
+	// whole asks a WholeDecider for every result (DecideLimits).
+	whole bool
 
 	// An asynchronous decision's (see Engine.DecideAsync).
 	eng  *Engine
@@ -170,9 +184,11 @@ func HeaderName(b []byte) string {
 func (o *Outcome) reset() {
 	o.Verdict, o.Status, o.Kind, o.Detail = Allow, http.StatusOK, "", ""
 	o.Results, o.Most, o.RetryAfter, o.Delay = o.Results[:0], -1, 0, 0
+	o.whole = false
 	o.Headers, o.Body = o.hdrs[:0], o.Body[:0]
 	o.reqs, o.limits, o.ruleOf, o.spans, o.tags = o.reqs[:0], o.limits[:0], o.ruleOf[:0], o.spans[:0], o.tags[:0]
 	o.hbuf, o.hspans = o.hbuf[:0], o.hspans[:0]
+	o.client, o.method, o.path = netip.Addr{}, nil, nil
 }
 
 // addHeader adds a header whose value was appended to o.hbuf: b is o.hbuf

@@ -3,6 +3,9 @@
 // which limits apply to a rate-limit descriptor as envoyproxy/ratelimit
 // does, so that its users can point authlimit at the files they have.
 //
+// A descriptor's quota_mode and metadata are served as envoyproxy/ratelimit
+// serves them (see Limit.Quota, Limit.Metadata).
+//
 // Beyond envoyproxy/ratelimit, a rate_limit block may pick any of
 // authlimit's algorithms (algorithm, burst), and one descriptor may carry
 // several limits: list it more than once at the same level, each listing
@@ -20,6 +23,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/authlimit/authlimit/algo"
 )
@@ -122,6 +127,14 @@ type Limit struct {
 	Replaces []string
 	// Override marks a limit Envoy sent with the descriptor.
 	Override bool
+	// Quota is the descriptor's quota_mode: the limit is decided and
+	// counted, but a request is over the limit for it only when every
+	// quota descriptor of the request is over its limit.
+	Quota bool
+	// Metadata is the descriptor's metadata, returned to Envoy in the
+	// response's dynamic_metadata when the descriptor is not over its
+	// limit; nil for none. It must not be modified.
+	Metadata *structpb.Struct
 }
 
 // DeniesAll reports whether the limit denies every request: a limit of 0

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/internal/race"
 )
@@ -283,8 +285,10 @@ func TestConfigErrors(t *testing.T) {
 			`f1.yaml:4: domain "a": descriptor "k": rate_limit.burst: fixed_window has no burst; only token_bucket, leaky_bucket and gcra do`}},
 		{"share_threshold without wildcard", []string{"domain: a\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n"}, []string{
 			`f1.yaml:5: domain "a": descriptor "k_v": share_threshold: only for a value with a wildcard ('*')`}},
-		{"quota_mode", []string{"domain: a\ndescriptors:\n  - key: k\n    quota_mode: true\n"}, []string{
-			`f1.yaml:4: domain "a": descriptor "k": quota_mode: not supported: authlimit decides every descriptor of a request together`}},
+		{"bad quota_mode", []string{"domain: a\ndescriptors:\n  - key: k\n    quota_mode: sometimes\n"}, []string{
+			`f1.yaml:4: domain "a": descriptor "k": quota_mode: "sometimes" is not true or false`}},
+		{"metadata not a mapping", []string{"domain: a\ndescriptors:\n  - key: k\n    metadata: [a, b]\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, []string{
+			`f1.yaml:4: domain "a": descriptor "k": metadata: want a mapping`}},
 		{"bad bool", []string{"domain: a\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n"}, []string{
 			`f1.yaml:4: domain "a": descriptor "k": shadow_mode: "maybe" is not true or false`}},
 		{"unlimited and a limit", []string{"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, []string{
@@ -419,5 +423,38 @@ descriptors:
 	_, err := Parse([]File{{Name: "f.yaml", Data: []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      <<: {unit: second, requests_pr_unit: 1}\n")}})
 	if want := `f.yaml:5: domain "a": descriptor "k": rate_limit.requests_pr_unit: unknown field (did you mean "requests_per_unit"?)`; err == nil || err.Error() != want {
 		t.Errorf("a misspelt merged field: %v, want %s", err, want)
+	}
+}
+
+// TestQuotaModeAndMetadata: a descriptor's quota_mode and metadata reach
+// its limits, as envoyproxy/ratelimit's example configuration has them.
+func TestQuotaModeAndMetadata(t *testing.T) {
+	c, err := Parse([]File{{Name: "q.yaml", Data: []byte(`
+domain: q
+descriptors:
+  - {key: plain, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - key: service
+    value: service_1
+    quota_mode: true
+    metadata: {service_with_quota: {name: service_1, weight: 3, tags: [a, b]}}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, _ := c.Match("q", []Entry{{Key: "service", Value: "service_1"}}, nil)
+	if len(ls) != 1 || !ls[0].Quota {
+		t.Fatalf("service_1: %+v, want one quota limit", ls)
+	}
+	got, err := protojson.Marshal(ls[0].Metadata)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"service_with_quota":{"name":"service_1","tags":["a","b"],"weight":3}}`; strings.ReplaceAll(string(got), " ", "") != want {
+		t.Errorf("service_1's metadata %s, want %s", got, want)
+	}
+	ls, _ = c.Match("q", []Entry{{Key: "plain", Value: "x"}}, nil)
+	if len(ls) != 1 || ls[0].Quota || ls[0].Metadata != nil {
+		t.Errorf("plain: %+v, want neither quota nor metadata", ls)
 	}
 }

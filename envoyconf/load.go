@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/types/known/structpb"
 	"gopkg.in/yaml.v3"
 
 	"github.com/authlimit/authlimit/algo"
@@ -336,33 +337,55 @@ func (p *parser) descriptor(parent *node, d *yaml.Node, path []string) {
 	shadow := p.flag(f, "shadow_mode", at)
 	p.flag(f, "detailed_metric", at)
 	p.flag(f, "value_to_metric", at)
-	if p.flag(f, "quota_mode", at) {
-		p.fail(f["quota_mode"], at, "quota_mode", "not supported: authlimit decides every descriptor of a request together")
-	}
+	quota := p.flag(f, "quota_mode", at)
 	if p.flag(f, "share_threshold", at) {
 		if !strings.Contains(value, "*") {
 			p.fail(f["share_threshold"], at, "share_threshold", "only for a value with a wildcard ('*')")
 		}
 		n.shareThreshold = true
 	}
-	// metadata is for envoyproxy/ratelimit's response metadata: accepted
-	// and unused.
+	var metadata *structpb.Struct
+	if mn, ok := f["metadata"]; ok {
+		metadata = p.metadata(mn, at)
+	}
 	if rn, ok := f["rate_limit"]; ok {
-		p.rateLimit(n, rn, path, shadow)
+		p.rateLimit(n, rn, path, shadow, quota, metadata)
 	}
 	if dn, ok := f["descriptors"]; ok {
 		p.descriptors(n, dn, path)
 	}
 }
 
-func (p *parser) rateLimit(n *node, rn *yaml.Node, path []string, shadow bool) {
+// metadata reads a descriptor's metadata: a mapping of any values, as
+// google.protobuf.Struct holds them.
+func (p *parser) metadata(mn *yaml.Node, at string) *structpb.Struct {
+	if mn.Kind == yaml.ScalarNode && mn.Tag == "!!null" {
+		return nil
+	}
+	var m map[string]any
+	if mn.Kind != yaml.MappingNode || mn.Decode(&m) != nil {
+		p.fail(mn, at, "metadata", "want a mapping")
+		return nil
+	}
+	st, err := structpb.NewStruct(m)
+	if err != nil {
+		p.fail(mn, at, "metadata", "%v", err)
+		return nil
+	}
+	if len(st.GetFields()) == 0 {
+		return nil
+	}
+	return st
+}
+
+func (p *parser) rateLimit(n *node, rn *yaml.Node, path []string, shadow, quota bool, metadata *structpb.Struct) {
 	at := strings.Join(path, ".")
 	if rn.Kind != yaml.MappingNode {
 		p.fail(rn, at, "rate_limit", "want a mapping with unit and requests_per_unit, or unlimited")
 		return
 	}
 	f := p.fields(rn, at, "rate_limit.", rateLimitFields)
-	l := &Limit{Key: p.domain + "." + at, Shadow: shadow}
+	l := &Limit{Key: p.domain + "." + at, Shadow: shadow, Quota: quota, Metadata: metadata}
 	bad := false
 	if nn, ok := f["name"]; ok {
 		l.Name, ok = p.str(nn, at, "rate_limit.name")

@@ -297,8 +297,23 @@ func (g *Guard) Close() { g.breakers.stop() }
 // ErrFailedOpen or ErrUnavailable. An error wrapping algo.ErrInvalid means
 // the requests were invalid.
 func (g *Guard) Decide(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error) {
+	return g.decide(ctx, reqs, res, true)
+}
+
+// DecideWhole decides reqs as Decide does, but answers with every
+// policy's state, never one that was not read (algo.Result.NotDecided):
+// the deny cache answers a request of one policy, whose state it holds,
+// and leaves one of several to the store. It is for a front that reports
+// every policy's count (Envoy's rate-limit service answers each
+// descriptor's limit and remaining).
+func (g *Guard) DecideWhole(ctx context.Context, reqs []algo.Request, res []algo.Result) (bool, error) {
+	return g.decide(ctx, reqs, res, len(reqs) == 1)
+}
+
+// decide is Decide, the deny cache asked only when cached.
+func (g *Guard) decide(ctx context.Context, reqs []algo.Request, res []algo.Result, cached bool) (bool, error) {
 	now := g.clock()
-	if g.denies != nil && g.fromDenyCache(reqs, res, now) {
+	if cached && g.denies != nil && g.fromDenyCache(reqs, res, now) {
 		return false, nil
 	}
 	if !g.remote {
@@ -593,12 +608,23 @@ type pending struct {
 // It reports false, having done nothing, when the decision would hold
 // the caller: decide with Decide then.
 func (g *Guard) DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool {
+	return g.decideAsync(reqs, res, d, true)
+}
+
+// DecideWholeAsync decides reqs as DecideAsync does, with every policy's
+// state, as DecideWhole does.
+func (g *Guard) DecideWholeAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool {
+	return g.decideAsync(reqs, res, d, len(reqs) == 1)
+}
+
+// decideAsync is DecideAsync, the deny cache asked only when cached.
+func (g *Guard) decideAsync(reqs []algo.Request, res []algo.Result, d algo.Done, cached bool) bool {
 	as, async := g.store.(AsyncStore)
 	if g.remote && !async {
 		return false
 	}
 	now := g.clock()
-	if g.denies != nil && g.fromDenyCache(reqs, res, now) {
+	if cached && g.denies != nil && g.fromDenyCache(reqs, res, now) {
 		d.Decided(false, nil)
 		return true
 	}

@@ -137,7 +137,7 @@ func New(opts Options) (*Handler, error) {
 		serveMetrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{})),
 		sleep:        opts.Sleep,
 	}
-	h.scratch.New = func() any { return new(scratch) }
+	h.scratch.New = func() any { return &scratch{out: decide.Outcome{Front: "http"}} }
 	return h, nil
 }
 

@@ -31,12 +31,12 @@ func FuzzParse(f *testing.F) {
 		// A valid rule set prints as a rule set that parses to the
 		// same thing.
 		for _, r := range rules {
-			again, err := Parse(r.String())
+			again, err := Parse(r.Text())
 			if err != nil {
-				t.Fatalf("Parse(%q) = %v; its String %q does not parse: %v", src, r, r.String(), err)
+				t.Fatalf("Parse(%q) = %v; its Text %q does not parse: %v", src, r, r.Text(), err)
 			}
-			if again[0].String() != r.String() {
-				t.Fatalf("round trip of %q: %q then %q", src, r.String(), again[0].String())
+			if again[0].Text() != r.Text() {
+				t.Fatalf("round trip of %q: %q then %q", src, r.Text(), again[0].Text())
 			}
 		}
 	})

@@ -57,12 +57,12 @@ func TestRuleStringRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range rules {
-		again, err := Parse(r.String())
+		again, err := Parse(r.Text())
 		if err != nil {
-			t.Fatalf("Parse(%q): %v", r.String(), err)
+			t.Fatalf("Parse(%q): %v", r.Text(), err)
 		}
-		if got := again[0].String(); got != r.String() {
-			t.Errorf("round trip:\n got %s\nwant %s", got, r.String())
+		if got := again[0].Text(); got != r.Text() {
+			t.Errorf("round trip:\n got %s\nwant %s", got, r.Text())
 		}
 	}
 }

@@ -9,6 +9,8 @@ package rules
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -336,11 +338,26 @@ func parseCost(b []byte) (int64, bool) {
 	return n, n <= algo.MaxLimit
 }
 
-// String writes the rule back in the rule language, defaults filled in and
+// String writes the rule as Text does, but with each override's key as a
+// short hash of it ("key=sha256:" and 12 hex digits, as in the override's
+// policy name): override keys may be credentials (an API key), and String
+// is what -check, GET /v1/config and the logs show.
+func (r *Rule) String() string { return r.write(true) }
+
+// Text writes the rule back in the rule language, defaults filled in and
 // values as they are matched, followed by its tiers and overrides, each
-// after a ";". An override's key is written as it is: String is for -check
-// and hashing, not for showing to whoever may not see the keys.
-func (r *Rule) String() string {
+// after a ";", override keys as they are: it parses back to the same rule.
+// It is for hashing a rule set, never for showing (see String).
+func (r *Rule) Text() string { return r.write(false) }
+
+// KeyHash is how String shows an override's key: "sha256:" and the first
+// 12 hex digits of the key's SHA-256.
+func KeyHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:6])
+}
+
+func (r *Rule) write(hideKeys bool) string {
 	s := r.Policy.Spec()
 	var b strings.Builder
 	parts := make([]string, len(r.Key))
@@ -391,7 +408,11 @@ func (r *Rule) String() string {
 		fmt.Fprintf(&b, "; tier rule=%s name=%s%s", r.Name, t.Name, variantLimit(t.Policy))
 	}
 	for _, o := range r.Overrides {
-		fmt.Fprintf(&b, "; override rule=%s key=%s%s", r.Name, o.Key, variantLimit(o.Policy))
+		key := o.Key
+		if hideKeys {
+			key = KeyHash(key)
+		}
+		fmt.Fprintf(&b, "; override rule=%s key=%s%s", r.Name, key, variantLimit(o.Policy))
 	}
 	return b.String()
 }

@@ -260,8 +260,7 @@ func attach(rs []*Rule, positions map[string]int, vs []*variant, mentioned map[s
 				continue
 			}
 			overrideAt[[2]string{r.Name, key}] = v.n
-			sum := sha256.Sum256([]byte(key))
-			spec.Name = policyName(r.Name, "key-"+hex.EncodeToString(sum[:6]))
+			spec.Name = policyName(r.Name, "key-"+strings.TrimPrefix(KeyHash(key), "sha256:"))
 		}
 		p, err := variantPolicy(spec, v)
 		if err != nil {

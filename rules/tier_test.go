@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -62,14 +63,14 @@ func TestParseTiersAndOverrides(t *testing.T) {
 	}
 }
 
-func TestTierAndOverrideStringRoundTrips(t *testing.T) {
+func TestTierAndOverrideTextRoundTrips(t *testing.T) {
 	for _, r := range mustParse(t, tiered) {
-		again, err := Parse(r.String())
+		again, err := Parse(r.Text())
 		if err != nil {
-			t.Fatalf("Parse(%q): %v", r.String(), err)
+			t.Fatalf("Parse(%q): %v", r.Text(), err)
 		}
-		if got := again[0].String(); got != r.String() {
-			t.Errorf("round trip:\n got %s\nwant %s", got, r.String())
+		if got := again[0].Text(); got != r.Text() {
+			t.Errorf("round trip:\n got %s\nwant %s", got, r.Text())
 		}
 	}
 }
@@ -238,5 +239,33 @@ func TestTooManyTiersAndOverrides(t *testing.T) {
 	_, err := Parse(b.String())
 	if err == nil || !strings.Contains(err.Error(), "4097 tiers and overrides; the maximum is 4096") {
 		t.Errorf("Parse of %d overrides: %v, want the maximum named", maxVariants+1, err)
+	}
+}
+
+// TestStringHidesOverrideKeys: String, which -check, GET /v1/config and
+// the logs show, writes an override's key as a short hash of it; Text
+// writes it whole and parses back to the same rule.
+func TestStringHidesOverrideKeys(t *testing.T) {
+	const secret = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+	rs, err := Parse("name=api key=header:X-Api-Key limit=10/1m; override rule=api key=" + secret + " limit=100/1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := rs[0].String()
+	if strings.Contains(shown, secret) || strings.Contains(shown, "sk_live") {
+		t.Errorf("String shows the override key: %s", shown)
+	}
+	hash := KeyHash(secret)
+	if !strings.Contains(shown, "key="+hash+" limit=100/1m") || len(hash) != len("sha256:")+12 {
+		t.Errorf("String = %s, want the key as %s", shown, hash)
+	}
+	if p := rs[0].Overrides[0].Policy.Name(); !strings.HasSuffix(p, strings.TrimPrefix(hash, "sha256:")) || strings.Contains(p, secret) {
+		t.Errorf("the override's policy name %q, want one ending in the key's hash", p)
+	}
+	if text := rs[0].Text(); !strings.Contains(text, "key="+secret+" ") {
+		t.Errorf("Text = %s, want the key whole", text)
+	}
+	if fmt.Sprint(rs[0]) != shown {
+		t.Errorf("fmt prints %s, want String's %s", fmt.Sprint(rs[0]), shown)
 	}
 }

@@ -72,8 +72,10 @@ func (a *app) newAdmin(s *settings) error {
 			}
 			return out
 		},
-		Logger:  a.log,
-		Timeout: max(s.RedisTimeout, time.Second),
+		Logger:   a.log,
+		Timeout:  max(s.RedisTimeout, time.Second),
+		Top:      a.denials,
+		Circuits: a.guard.Circuits,
 	})
 	if err != nil {
 		return err

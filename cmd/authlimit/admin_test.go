@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/authlimit/authlimit/internal/redistest"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // adminToken is the tests' admin token.
@@ -383,4 +384,61 @@ func TestAdminQuotaOfATier(t *testing.T) {
 		t.Fatalf("DELETE /v1/quota of the pro tier: %d %s", status, body)
 	}
 	wantStatus(t, a.do(t, pro), 200, "after the reset")
+}
+
+// TestOverrideKeysStayHidden: an override's key (possibly a credential)
+// is shown as a short hash of it, never whole: by -check, by GET
+// /v1/config, in the logs of a start and of reloads, accepted or refused,
+// and in the metrics.
+func TestOverrideKeysStayHidden(t *testing.T) {
+	const secret, next = "sk_live_4eC39HqLyjWDarjtT1zdp7dc", "sk_live_9zYxWvUtSrQpOnMl8kJiHgFe"
+	src := func(key string) string {
+		return "name=api key=header:X-Api-Key limit=10/1m\noverride rule=api key=" + key + " limit=100/1m\n"
+	}
+	hidden := func(what, said string, keys ...string) {
+		t.Helper()
+		for _, k := range keys {
+			if strings.Contains(said, k) {
+				t.Errorf("%s shows the override key %s:\n%s", what, k, said)
+			}
+		}
+	}
+	err, said := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": src(secret)})
+	if err != nil {
+		t.Fatalf("-check: %v\n%s", err, said)
+	}
+	hidden("-check", said, secret)
+	if !strings.Contains(said, "key="+rules.KeyHash(secret)) {
+		t.Errorf("-check does not show the key's hash %s:\n%s", rules.KeyHash(secret), said)
+	}
+
+	file := filepath.Join(t.TempDir(), "rules")
+	if err := os.WriteFile(file, []byte(src(secret)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, map[string]string{"AUTHLIMIT_RULES_FILE": file, "AUTHLIMIT_ADMIN_LISTEN": "127.0.0.1:0", "AUTHLIMIT_ADMIN_TOKEN": adminToken, "AUTHLIMIT_LOG_LEVEL": "debug"})
+	a.do(t, authFrom("203.0.113.1", "X-Api-Key", secret))
+	status, body := a.adminDo(t, "GET", "/v1/config", adminToken)
+	if status != 200 || !strings.Contains(body, rules.KeyHash(secret)) {
+		t.Fatalf("GET /v1/config: %d %s, want the key's hash", status, body)
+	}
+	hidden("GET /v1/config", body, secret)
+
+	// A reload that changes the key, then one refused.
+	if err := os.WriteFile(file, []byte(src(next)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := a.adminDo(t, "POST", "/v1/reload", adminToken); status != 200 {
+		t.Fatalf("POST /v1/reload: %d %s", status, body)
+	}
+	if err := os.WriteFile(file, []byte(src(secret)+"override rule=api key="+secret+" limit=1/1m\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := a.adminDo(t, "POST", "/v1/reload", adminToken); status != 422 {
+		t.Fatalf("POST /v1/reload of a key twice: %d %s, want 422", status, body)
+	} else {
+		hidden("a refused reload's answer", body, secret, next)
+	}
+	hidden("the logs", a.logs.String(), secret, next)
+	hidden("the metrics", a.do(t, request{path: "/metrics"}).body, secret, next)
 }

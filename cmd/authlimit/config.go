@@ -22,6 +22,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
@@ -84,15 +85,27 @@ type config struct {
 	PprofListen           string        `env:"PPROF_LISTEN"`
 	GRPCListen            string        `env:"GRPC_LISTEN"`
 	RLSConfig             string        `env:"RLS_CONFIG"`
+	RLSResponseMetadata   bool          `env:"RLS_RESPONSE_METADATA" envDefault:"false"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
 	AdminToken            string        `env:"ADMIN_TOKEN"`
 	SPOAListen            string        `env:"SPOA_LISTEN"`
+	TopSize               int           `env:"TOP_SIZE"` // default in defaultConfig
+	TopWindow             time.Duration `env:"TOP_WINDOW"`
+	TopShareInterval      time.Duration `env:"TOP_SHARE_INTERVAL"`
+	DenialLogRate         int           `env:"DENIAL_LOG_RATE"`
+	LogKeys               bool          `env:"LOG_KEYS" envDefault:"false"`
 }
 
 // defaultConfig holds the defaults that belong to the packages authlimit
 // configures; env keeps them for variables that are unset.
 func defaultConfig() config {
-	return config{MemoryMaxKeys: algo.DefaultMemoryMaxKeys}
+	return config{
+		MemoryMaxKeys:    algo.DefaultMemoryMaxKeys,
+		TopSize:          denials.DefaultSize,
+		TopWindow:        denials.DefaultWindow,
+		TopShareInterval: denials.DefaultShareInterval,
+		DenialLogRate:    denials.DefaultLogRate,
+	}
 }
 
 // settings is config validated and parsed into the types the program uses.
@@ -233,6 +246,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
 	grpcSettings(&c, s, problem)
 	adminSettings(&c, s, problem)
+	topSettings(&c, problem)
 
 	_, rulesSet := environ[envPrefix+"RULES"]
 	switch {
@@ -737,6 +751,7 @@ func (s *settings) describe() string {
 		w("max conns", "no cap: the open file limit is unknown")
 	}
 	s.describeAdmin(w)
+	s.describeTop(w)
 	suffix := ""
 	switch {
 	case s.defaultRules:

@@ -56,6 +56,7 @@ func (s *settings) describeRLS(w func(k, v string)) {
 		return
 	}
 	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits())))
+	w("rls metadata", fmt.Sprint(s.RLSResponseMetadata))
 }
 
 // rlsPolicies are the policies the guard must know for the rate-limit
@@ -98,6 +99,7 @@ const readinessInterval = time.Second
 // gRPC server (when AUTHLIMIT_GRPC_LISTEN is set), listening at once so
 // that a port in use stops authlimit at start.
 func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
+	a.rlsMetadata = s.RLSResponseMetadata
 	if s.rls != nil {
 		svc, err := a.newRLS(s.rls, reg)
 		if err != nil {
@@ -151,7 +153,7 @@ func (a *app) newRLS(cfg *envoyconf.Config, reg prometheus.Registerer) (*rls.Ser
 		}
 		a.rlsMetrics = m
 	}
-	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Metrics: a.rlsMetrics})
+	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Metrics: a.rlsMetrics, ResponseMetadata: a.rlsMetadata})
 }
 
 // newRLSReloader reloads AUTHLIMIT_RLS_CONFIG into the service in force.

@@ -31,6 +31,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
+	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/handler"
@@ -197,10 +198,15 @@ type app struct {
 	// rlsMetrics count the rate-limit service's answers, for every
 	// service a reload builds (see newRLS).
 	rlsMetrics *rls.Metrics
+	// rlsMetadata is AUTHLIMIT_RLS_RESPONSE_METADATA.
+	rlsMetadata bool
 	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
 	admin *adminFront
 	// spoa is the HAProxy SPOE agent; nil without AUTHLIMIT_SPOA_LISTEN.
 	spoa *spoaFront
+	// denials keeps the top limited clients, the denial log and the
+	// rules' rates.
+	denials *denials.Recorder
 }
 
 // hold holds a shaped request for d, or until shutdown begins. A shaped
@@ -320,13 +326,13 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		Registry:          reg,
 		Logger:            log,
 	}
+	var client goredis.UniversalClient
 	if s.redisOptions == nil {
 		m := algo.NewMemory(algo.MemoryOptions{MaxKeys: s.MemoryMaxKeys})
 		a.closers = append(a.closers, m.Close)
 		registerMemory(reg, m, "primary")
 		gopts.Store = m
 	} else {
-		var client goredis.UniversalClient
 		if s.redisPlain != nil {
 			client = goredis.NewClient(s.redisPlain)
 		} else {
@@ -386,7 +392,14 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	for _, r := range s.rules {
 		a.union.rules = append(a.union.rules, r.Policy)
 	}
+	a.denials, err = newDenials(s, reg, log, client)
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.runDenials()
 	e, err := decide.New(decide.Options{
+		Observer:   a.denials,
 		Rules:      s.rules,
 		Decider:    a.union,
 		AllowCIDRs: s.allow,

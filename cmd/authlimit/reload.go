@@ -60,6 +60,9 @@ type reloader struct {
 	rls   *rlsReloader
 	log   *slog.Logger
 	clock func() time.Time
+	// windows are the windows of the policies in force and of those whose
+	// state may live on, the rules' and the rate-limit service's.
+	windows *windowLog
 
 	mu     sync.Mutex           // one reload at a time
 	hash   string               // of the rules in force
@@ -117,9 +120,15 @@ func newReloader(s *settings, target ruleSetter, rls *rlsReloader, reg prometheu
 		}
 	}
 	now := clock()
+	inForce := policiesOf(target.Rules())
 	r.inForce(configRules, "", r.hash, now)
 	if rls != nil {
 		r.inForce(configRLS, "", rls.hash, now)
+		inForce = append(inForce, rls.cfg.Policies()...)
+	}
+	r.windows = newWindowLog(inForce)
+	if rls != nil {
+		rls.windows, rls.clock = r.windows, clock
 	}
 	return r, nil
 }
@@ -197,15 +206,17 @@ func (r *reloader) reloadRules(trigger string) reloadResult {
 	}
 	rs, err := readRulesStable(r.path)
 	if err == nil {
-		err = checkSuccession(r.target.Rules(), rs)
+		err = checkSuccession(r.windows, rs, r.clock())
 	}
 	hash := ""
+	var old []*rules.Rule
 	if err == nil {
 		if hash = rulesHash(rs); hash == r.hash {
 			r.log.Debug("rules file changed, its rules did not", "file", r.path, "trigger", trigger, "hash", hash)
 			res.Result = "unchanged"
 			return res
 		}
+		old = r.target.Rules()
 		err = r.target.SetRules(rs)
 	}
 	if err != nil {
@@ -218,6 +229,7 @@ func (r *reloader) reloadRules(trigger string) reloadResult {
 		}
 		return res
 	}
+	r.windows.replace(policiesOf(old), policiesOf(rs), r.clock())
 	res.Result, res.Hash = "success", hash
 	r.count(res)
 	r.inForce(configRules, r.hash, hash, r.clock())
@@ -247,31 +259,17 @@ func readRulesStable(path string) ([]*rules.Rule, error) {
 }
 
 // checkSuccession refuses a new rule set that changes the window of a
-// fixed_window or sliding_window_counter rule under the same name: their
-// state counts in windows of the old length, numbered from the epoch, and
-// read with another length it would mean nothing (a window far in the
-// future). A new name starts the rule afresh.
-func checkSuccession(old, next []*rules.Rule) error {
-	type id struct {
-		name string
-		alg  algo.Algorithm
-	}
-	windows := map[id]time.Duration{}
-	for _, r := range old {
-		for _, p := range r.Policies() {
-			s := p.Spec()
-			windows[id{s.Name, s.Algorithm}] = s.Window
-		}
-	}
+// fixed_window or sliding_window_counter rule under the same name while
+// its state of the old window may live (see windowLog): that state counts
+// in windows of the old length, numbered from the epoch, and read with
+// another length it would mean nothing (a window far in the future). A new
+// name starts the rule afresh.
+func checkSuccession(w *windowLog, next []*rules.Rule, now time.Time) error {
 	var errs []error
 	for i, r := range next {
 		for j, p := range r.Policies() {
-			s := p.Spec()
-			if s.Algorithm != algo.FixedWindow && s.Algorithm != algo.SlidingWindowCounter {
-				continue
-			}
-			w, ok := windows[id{s.Name, s.Algorithm}]
-			if !ok || w == s.Window {
+			old, until, ok := w.conflict(p, now)
+			if !ok {
 				continue
 			}
 			what := ""
@@ -282,10 +280,29 @@ func checkSuccession(old, next []*rules.Rule) error {
 			default:
 				what = "an override: "
 			}
-			errs = append(errs, fmt.Errorf("rule %d %q: %slimit: the window changes from %v to %v, which %s's counts cannot carry over; give the rule a new name to start it afresh", i+1, r.Name, what, w, s.Window, s.Algorithm))
+			s := p.Spec()
+			errs = append(errs, fmt.Errorf("rule %d %q: %slimit: the window changes from %v to %v, which %s's counts cannot carry over%s; give the rule a new name to start it afresh", i+1, r.Name, what, old, s.Window, s.Algorithm, liveUntil(until)))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// liveUntil says until when counts of an old window may live, when they
+// are no longer in force.
+func liveUntil(until time.Time) string {
+	if until.IsZero() {
+		return ""
+	}
+	return fmt.Sprintf(" (they were in force before, and may live until %s)", until.UTC().Format(time.RFC3339))
+}
+
+// policiesOf returns the policies of rs.
+func policiesOf(rs []*rules.Rule) []*algo.Policy {
+	var ps []*algo.Policy
+	for _, r := range rs {
+		ps = append(ps, r.Policies()...)
+	}
+	return ps
 }
 
 // watch reloads the configuration files when they change, until ctx ends.

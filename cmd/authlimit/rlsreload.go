@@ -101,6 +101,9 @@ type rlsReloader struct {
 	union *policyUnion
 	build func(*envoyconf.Config) (*rls.Service, error)
 	log   *slog.Logger
+	// windows and clock are the reloader's (see reloader.windows).
+	windows *windowLog
+	clock   func() time.Time
 }
 
 // reload reads the configuration and, if it differs from the one in force,
@@ -115,7 +118,7 @@ func (r *rlsReloader) reload(trigger string) reloadResult {
 		return res
 	}
 	if err == nil {
-		err = checkRLSSuccession(r.cfg, cfg)
+		err = checkRLSSuccession(r.windows, r.cfg, cfg, r.clock())
 	}
 	if err == nil {
 		err = r.swap(cfg)
@@ -130,6 +133,7 @@ func (r *rlsReloader) reload(trigger string) reloadResult {
 		return res
 	}
 	r.log.Info("rate-limit configuration reloaded", "trigger", trigger, "path", r.path, "limits", len(cfg.Limits()), "hash", hash, "previous_hash", r.hash)
+	r.windows.replace(r.cfg.Policies(), cfg.Policies(), r.clock())
 	res.Result, res.Hash = "success", hash
 	r.cfg, r.hash = cfg, hash
 	return res
@@ -223,18 +227,15 @@ func hashRLS(path string) (string, error) {
 }
 
 // checkRLSSuccession refuses a configuration that changes the unit of a
-// fixed_window or sliding_window_counter limit in place: its policy keeps
-// its name (the domain and the descriptor path), and its counts, kept in
-// windows of the old unit, would mean nothing under the new one.
-func checkRLSSuccession(old, next *envoyconf.Config) error {
-	type id struct {
-		name string
-		alg  algo.Algorithm
-	}
-	units := map[id]*envoyconf.Limit{}
+// fixed_window or sliding_window_counter limit in place while counts of
+// the old unit may live (see windowLog): its policy keeps its name (the
+// domain and the descriptor path), and its counts, kept in windows of the
+// old unit, would mean nothing under the new one.
+func checkRLSSuccession(w *windowLog, old, next *envoyconf.Config, now time.Time) error {
+	units := map[policyID]*envoyconf.Limit{}
 	for _, l := range old.Limits() {
 		if l.Policy != nil {
-			units[id{l.Policy.Name(), l.Policy.Spec().Algorithm}] = l
+			units[policyID{l.Policy.Name(), l.Policy.Spec().Algorithm}] = l
 		}
 	}
 	var errs []error
@@ -242,13 +243,16 @@ func checkRLSSuccession(old, next *envoyconf.Config) error {
 		if l.Policy == nil {
 			continue
 		}
-		s := l.Policy.Spec()
-		if s.Algorithm != algo.FixedWindow && s.Algorithm != algo.SlidingWindowCounter {
+		was, until, ok := w.conflict(l.Policy, now)
+		if !ok {
 			continue
 		}
-		if o, ok := units[id{s.Name, s.Algorithm}]; ok && o.Unit != l.Unit {
-			errs = append(errs, fmt.Errorf("%s: rate_limit.unit: changes from %s to %s, which %s's counts cannot carry over; remove the limit, reload, wait one %s for its counts to expire, then add it with the new unit", l.Key, o.Unit, l.Unit, s.Algorithm, o.Unit))
+		s := l.Policy.Spec()
+		from := was.String()
+		if o, ok := units[policyID{s.Name, s.Algorithm}]; ok {
+			from = o.Unit.String()
 		}
+		errs = append(errs, fmt.Errorf("%s: rate_limit.unit: changes from %s to %s, which %s's counts cannot carry over%s; remove the limit, reload, wait for its counts to expire (two of its old windows), then add it with the new unit", l.Key, from, l.Unit, s.Algorithm, liveUntil(until)))
 	}
 	return errors.Join(errs...)
 }

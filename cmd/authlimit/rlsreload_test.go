@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/authlimit/authlimit/envoyconf"
 )
 
 // configMap writes files as a Kubernetes ConfigMap volume holds them: in a
@@ -313,4 +315,31 @@ func TestRLSReloadsKeepCountsAndForgetOldLimits(t *testing.T) {
 			t.Errorf("after %d reloads the engine registers %d policies %v, want %d: %v", reloads, len(got), got, len(want), want)
 		}
 	})
+}
+
+// TestRLSUnitChangeNotSlippedThrough: a limit's unit change is refused
+// while counts of the old unit may live, even with another algorithm in
+// between.
+func TestRLSUnitChangeNotSlippedThrough(t *testing.T) {
+	cfg := func(rl string) *envoyconf.Config {
+		t.Helper()
+		c, err := envoyconf.Parse([]envoyconf.File{{Name: "c.yaml", Data: []byte("domain: d\ndescriptors:\n  - {key: k, rate_limit: " + rl + "}\n")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	first, mid, back := cfg("{unit: minute, requests_per_unit: 5}"), cfg("{unit: minute, requests_per_unit: 5, algorithm: gcra}"), cfg("{unit: hour, requests_per_unit: 5}")
+	w := newWindowLog(first.Policies())
+	if err := checkRLSSuccession(w, first, mid, now); err != nil {
+		t.Fatalf("to gcra: %v", err)
+	}
+	w.replace(first.Policies(), mid.Policies(), now)
+	if err := checkRLSSuccession(w, mid, back, now.Add(time.Minute)); err == nil || !strings.Contains(err.Error(), "rate_limit.unit: changes from 1m0s to hour") {
+		t.Errorf("back to fixed_window by the hour: %v, want refused", err)
+	}
+	if err := checkRLSSuccession(w, mid, back, now.Add(2*time.Minute)); err != nil {
+		t.Errorf("back to fixed_window by the hour, two minutes on: %v, want taken", err)
+	}
 }

@@ -53,13 +53,13 @@ func parseRulesFile(path string, b []byte) ([]*rules.Rule, error) {
 }
 
 // rulesHash identifies a rule set by what it means: the hash of its rules
-// as authlimit prints them, so that comments, spacing and the order of a
-// rule's fields do not change it. It is the hash label of
+// written back (rules.Rule.Text, override keys whole), so that comments,
+// spacing and the order of a rule's fields do not change it. It is the hash label of
 // authlimit_config_info and what -check prints.
 func rulesHash(rs []*rules.Rule) string {
 	h := sha256.New()
 	for _, r := range rs {
-		h.Write([]byte(r.String()))
+		h.Write([]byte(r.Text()))
 		h.Write([]byte{'\n'})
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]

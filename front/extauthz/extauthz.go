@@ -18,7 +18,9 @@
 //     a repeated header's values with ",": there, a key or cost header whose
 //     value holds a comma counts as repeated (urn:authlimit:repeated-header),
 //     since a client could otherwise add a copy of its own to get a fresh
-//     quota for the value the backend reads;
+//     quota for the value the backend reads; either way names compare as
+//     /auth compares them (rules.SameHeader: case, '-' and '_' alike), so
+//     x_api_key is X-Api-Key, and the two together are a repeated header;
 //   - the request's body length is what the proxies behind /auth state as
 //     X-Original-Content-Length: Envoy's content-length header when it
 //     forwards it (its codec holds the body to it), else
@@ -111,7 +113,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep,
 		shape: pbwire.NewShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
-	s.scratch.New = func() any { return &scratch{srv: s} }
+	s.scratch.New = func() any { return &scratch{srv: s, out: decide.Outcome{Front: "ext_authz"}} }
 	return s, nil
 }
 
@@ -303,10 +305,9 @@ func (s *Server) check(ctx context.Context, sc *scratch) (*decide.Outcome, error
 // read reads sc.req, which has attributes.request.http, into sc.in.
 func (s *Server) read(sc *scratch) {
 	r := &sc.req
-	r.hdrs.lower = r.hdrs.joined && lowerKeys(r.hdrs.list)
 	r.hdrs.length, r.hdrs.lengths, sc.size = bodyLength(&r.hdrs, r.size, sc.size[:0])
 	sc.xff = r.hdrs.all(sc.xff[:0], "x-forwarded-for")
-	realIP, _ := r.hdrs.Lookup("x-real-ip")
+	realIP := r.hdrs.first("x-real-ip")
 	src := peer(r.socket, r.source)
 	ip := s.proxies.ClientIP(sc.xff, realIP, src)
 	s.engine.Read(&sc.in, ip, view(r.method), view(r.path), view(r.host), &r.hdrs)
@@ -452,10 +453,6 @@ var lengthHeaders = []string{"Content-Length", "X-Original-Content-Length"}
 type headers struct {
 	list   []field
 	joined bool
-	// lower is whether every joined name is ASCII without an upper-case
-	// letter, as Envoy sends them: then an ASCII name can only match a key
-	// of its length.
-	lower bool
 	// length is the request's body length, lengths how many (see
 	// bodyLength): what a body-length header reads.
 	length  []byte
@@ -481,32 +478,23 @@ func (h *headers) Lookup(name string) ([]byte, int) {
 	return h.lookup(name)
 }
 
-// lookup looks name up in the headers as Envoy sent them.
+// lookup looks name up in the headers as Envoy sent them, names compared
+// as /auth compares them (rules.SameHeader: case, '-' and '_' alike), every
+// entry that gives the header counted: X_Api_Key is X-Api-Key, and the two
+// together are a repeated header, whether Envoy joined them or not.
 func (h *headers) lookup(name string) ([]byte, int) {
-	fast := h.lower && ascii(name)
-	if h.joined {
-		if !fast {
-			// Several names may fold alike: the one spelled as asked wins.
-			for _, f := range h.list {
-				if f.key == name {
-					return joinedValue(f.value)
-				}
-			}
-		}
-		for _, f := range h.list {
-			if (!fast || len(f.key) == len(name)) && strings.EqualFold(f.key, name) {
-				return joinedValue(f.value)
-			}
-		}
-		return nil, 0
-	}
 	var val []byte
 	n := 0
 	for i := range h.list {
-		if strings.EqualFold(h.list[i].key, name) {
-			if n++; n == 1 {
-				val = rawValue(&h.list[i])
-			}
+		f := &h.list[i]
+		if !rules.SameHeader(view(f.key), name) {
+			continue
+		}
+		if h.joined {
+			v, m := joinedValue(f.value)
+			val, n = v, n+m
+		} else {
+			val, n = rawValue(f), n+1
 		}
 	}
 	if n != 1 {
@@ -525,41 +513,29 @@ func joinedValue(v string) ([]byte, int) {
 }
 
 // all appends every value of the named header, for X-Forwarded-For, whose
-// joined values are one list anyway.
+// joined values are one list anyway. Names compare in any case but with
+// '-' and '_' apart, as /auth's server keeps them: a client's own
+// X_Forwarded_For line is no hop.
 func (h *headers) all(dst [][]byte, name string) [][]byte {
-	fast := h.lower && ascii(name)
 	for i := range h.list {
 		f := &h.list[i]
-		if (!fast || len(f.key) == len(name)) && strings.EqualFold(f.key, name) {
+		if len(f.key) == len(name) && strings.EqualFold(f.key, name) {
 			dst = append(dst, rawValue(f))
 		}
 	}
 	return dst
 }
 
-// ascii reports whether s is all ASCII: then, against another ASCII
-// string, strings.EqualFold can only find one of its own length.
-func ascii(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return false
+// first returns the named header's first value, names compared as all
+// compares them: X-Real-IP, as /auth's server reads it.
+func (h *headers) first(name string) []byte {
+	for i := range h.list {
+		f := &h.list[i]
+		if len(f.key) == len(name) && strings.EqualFold(f.key, name) {
+			return rawValue(f)
 		}
 	}
-	return true
-}
-
-// lowerKeys reports whether every name in l is ASCII without an
-// upper-case letter.
-func lowerKeys(l []field) bool {
-	for i := range l {
-		k := l[i].key
-		for j := 0; j < len(k); j++ {
-			if c := k[j]; c >= 0x80 || 'A' <= c && c <= 'Z' {
-				return false
-			}
-		}
-	}
-	return true
+	return nil
 }
 
 // view is s as bytes, without a copy: for reading only, as rules reads a

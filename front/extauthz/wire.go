@@ -10,10 +10,11 @@ import (
 // readRequest reads the CheckRequest encoded in b into r as fromMessage
 // reads the decoded message, without decoding it: r's strings point into
 // b. It reports false, with r unspecified, when it cannot vouch that
-// proto.Unmarshal decodes b without an error (see pbwire.WellFormed; sh
+// proto.Unmarshal decodes b without an error but for strings that are not
+// UTF-8, which it reads as the bytes Envoy sent (see pbwire.Readable; sh
 // is CheckRequest's shape): the caller then decodes it whole.
 func readRequest(r *request, b []byte, sh *pbwire.Shape) bool {
-	if !pbwire.WellFormed(sh, b) {
+	if !pbwire.Readable(sh, b) {
 		return false
 	}
 	r.reset()

@@ -109,6 +109,12 @@ func differs(b []byte) string {
 	if !readRequest(&fast, b, checkShape) {
 		return ""
 	}
+	if !pbwire.WellFormed(checkShape, b) {
+		// A string not UTF-8, which proto.Unmarshal refuses and
+		// readRequest reads by its bytes (pbwire.Readable): nothing
+		// to compare with.
+		return ""
+	}
 	var m authv3.CheckRequest
 	if err := proto.Unmarshal(b, &m); err != nil {
 		return fmt.Sprintf("readRequest vouches for %x, which proto.Unmarshal refuses: %v", b, err)

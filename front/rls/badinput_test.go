@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -15,7 +16,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 )
 
@@ -30,14 +34,17 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 }
 func (rawCodec) Name() string { return "proto" }
 
-func TestBadInput(t *testing.T) {
-	eachStore(t, func(t *testing.T, kind storeKind) {
-		e := start(t, kind, another, `
+// twice is a domain whose descriptor k has two limits.
+const twice = `
 domain: twice
 descriptors:
   - {key: k, rate_limit: {unit: minute, requests_per_unit: 5}}
   - {key: k, rate_limit: {unit: hour, requests_per_unit: 50}}
-`)
+`
+
+func TestBadInput(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind storeKind) {
+		e := start(t, kind, another, twice)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
 		many := func(n int) []*rlDesc {
 			var ds []*rlDesc
@@ -60,15 +67,6 @@ descriptors:
 			{"no descriptors", &pb.RateLimitRequest{Domain: "another"}, codes.InvalidArgument, "rate limit descriptor list must not be empty"},
 			{"too many descriptors", &pb.RateLimitRequest{Domain: "another", Descriptors: many(MaxDescriptors + 1)}, codes.InvalidArgument, "65 descriptors; the most is 64"},
 			{"too many entries", &pb.RateLimitRequest{Domain: "another", Descriptors: append(many(1), longEntries)}, codes.InvalidArgument, "descriptor 1 has 65 entries; the most is 64"},
-			{"too many limits", &pb.RateLimitRequest{Domain: "twice", Descriptors: append(many(1), func() []*rlDesc {
-				var ds []*rlDesc
-				for i := 0; i < 33; i++ {
-					ds = append(ds, desc("k", "v"))
-				}
-				return ds
-			}()...)}, codes.InvalidArgument, "66 limits apply to the request; the most is 64"},
-			{"one limit twice", &pb.RateLimitRequest{Domain: "another", Descriptors: []*rlDesc{desc("key2", "a"), desc("key3", "b"), desc("key2", "c")}}, codes.InvalidArgument, "descriptors 0 and 2 reach the same limit (another.key2); a request may reach a limit once"},
-			{"override without unit", &pb.RateLimitRequest{Domain: "another", Descriptors: append(many(1), withOverride(desc("key2", "bad"), 5, typepb.RateLimitUnit_UNKNOWN))}, codes.InvalidArgument, "descriptor 1: override: 0 is not a unit"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, err := e.client.ShouldRateLimit(context.Background(), tc.req)
@@ -85,7 +83,6 @@ descriptors:
 		}{
 			{"garbage", []byte{0xff, 0xff, 0xff, 0xff, 0xff}, codes.Internal, "unmarshal"},
 			{"truncated", []byte{0x0a, 0x10, 'a', 'n'}, codes.Internal, "unmarshal"},
-			{"domain not UTF-8", []byte{0x0a, 0x02, 0xff, 0xfe, 0x12, 0x00}, codes.Internal, "unmarshal"},
 			// A field of another wire type is an unknown field: the
 			// request has no domain.
 			{"wrong wire type", []byte{0x0d, 0x01, 0x02, 0x03, 0x04}, codes.InvalidArgument, "rate limit domain must not be empty"},
@@ -221,4 +218,111 @@ func TestCallerDeadlineDoesNotTripTheBreaker(t *testing.T) {
 		}
 		check(t, "after", e.ask(t, "another", desc("key2", "hurry")), ok, st{ok, "20/minute", 16})
 	})
+}
+
+// TestClientInputIsAnAnswer: what the values of a request decide is never
+// an error, which Envoy's rate-limit filter admits: two descriptors that
+// reach one limit are each counted, as envoyproxy/ratelimit counts them; a
+// request reaching more limits than one decision holds, and an override
+// that cannot be served, are over the limit and count nothing.
+func TestClientInputIsAnAnswer(t *testing.T) {
+	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
+		e := start(t, kind, another, twice+`
+  - key: user
+    value: "*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 4}
+`)
+		awayFromWindowEdge(t, time.Minute, 15*time.Second)
+		// One limit, two keys: two counts.
+		check(t, "key2 a, key3 b, key2 c", e.ask(t, "another", desc("key2", "a"), desc("key3", "b"), desc("key2", "c")), ok,
+			st{ok, "20/minute", 19}, st{ok, "10/hour", 9}, st{ok, "20/minute", 19})
+		check(t, "key2 a after", e.ask(t, "another", desc("key2", "a")), ok, st{ok, "20/minute", 18})
+		check(t, "key2 c after", e.ask(t, "another", desc("key2", "c")), ok, st{ok, "20/minute", 18})
+		// One limit, one key: one count of both costs.
+		check(t, "key2 a twice", e.ask(t, "another", desc("key2", "a"), desc("key2", "a")), ok,
+			st{ok, "20/minute", 16}, st{ok, "20/minute", 16})
+		// ... and of a share_threshold pattern's values, one key.
+		check(t, "user u6 and x1", e.ask(t, "twice", desc("user", "u6"), desc("user", "x1")), ok,
+			st{ok, "4/minute", 2}, st{ok, "4/minute", 2})
+		check(t, "user u6 and x1 again", e.ask(t, "twice", desc("user", "u6"), desc("user", "x1")), ok,
+			st{ok, "4/minute", 0}, st{ok, "4/minute", 0})
+		check(t, "user u6 and x1 a third time", e.ask(t, "twice", desc("user", "u6"), desc("user", "x1")), over,
+			st{over, "4/minute", 0}, st{over, "4/minute", 0})
+
+		// 33 descriptors of two limits each: 66 limits, more than one
+		// decision holds.
+		var many []*rlDesc
+		for i := 0; i < 33; i++ {
+			many = append(many, desc("k", fmt.Sprintf("v%d", i)))
+		}
+		r := e.ask(t, "twice", many...)
+		if r.GetOverallCode() != over {
+			t.Fatalf("66 limits: %v, want OVER_LIMIT", r.GetOverallCode())
+		}
+		for i, s := range r.GetStatuses() {
+			if got := statusOf(s); got != (st{over, "5/minute", 0}) {
+				t.Fatalf("66 limits, status %d: %v, want OVER_LIMIT 5/minute", i, got)
+			}
+		}
+		check(t, "v0 after", e.ask(t, "twice", desc("k", "v0")), ok, st{ok, "5/minute", 4})
+
+		// An override that is not a unit.
+		check(t, "override without a unit", e.ask(t, "another", desc("key2", "bad"), withOverride(desc("key2", "bad"), 5, typepb.RateLimitUnit_UNKNOWN)), over,
+			st{ok, "", 0}, st{over, "5/unknown", 0})
+		check(t, "key2 bad after", e.ask(t, "another", desc("key2", "bad")), ok, st{ok, "20/minute", 19})
+	})
+}
+
+// TestTooManyOverrides: past envoyconf.MaxOverrides distinct overrides, a
+// new one is over the limit, and the ones known still count.
+func TestTooManyOverrides(t *testing.T) {
+	e := start(t, memoryStore, another)
+	awayFromWindowEdge(t, time.Minute, 15*time.Second)
+	for i := 1; i <= envoyconf.MaxOverrides; i++ {
+		e.ask(t, "another", withOverride(desc("key2", "o"), uint32(i+100), typepb.RateLimitUnit_MINUTE))
+	}
+	check(t, "one override more", e.ask(t, "another", withOverride(desc("key2", "o"), 7, typepb.RateLimitUnit_MINUTE)), over,
+		st{over, "7/minute", 0})
+	check(t, "a known override", e.ask(t, "another", withOverride(desc("key2", "o"), 101, typepb.RateLimitUnit_MINUTE)), ok,
+		st{ok, "101/minute", 99})
+}
+
+// TestValuesNotUTF8: Envoy puts a client's header value in a descriptor as
+// it came, bytes above 0x7f included, which proto.Unmarshal refuses in a
+// string: such a request is decided and counted by its bytes, never an
+// error (which Envoy's filter admits); its dynamic_metadata holds the value
+// made UTF-8.
+func TestValuesNotUTF8(t *testing.T) {
+	e := startOpts(t, memoryStore, guard.FailClosed, func(o *Options) { o.ResponseMetadata = true }, another)
+	awayFromWindowEdge(t, time.Minute, 15*time.Second)
+	ask := func(value string) *pb.RateLimitResponse {
+		t.Helper()
+		var entry, d, req []byte
+		entry = protowire.AppendTag(entry, entryKey, protowire.BytesType)
+		entry = protowire.AppendString(entry, "key2")
+		entry = protowire.AppendTag(entry, entryValue, protowire.BytesType)
+		entry = protowire.AppendString(entry, value)
+		d = protowire.AppendTag(d, descriptorEntries, protowire.BytesType)
+		d = protowire.AppendBytes(d, entry)
+		req = protowire.AppendTag(req, requestDomain, protowire.BytesType)
+		req = protowire.AppendString(req, "another")
+		req = protowire.AppendTag(req, requestDescriptors, protowire.BytesType)
+		req = protowire.AppendBytes(req, d)
+		var out []byte
+		if err := e.conn.Invoke(context.Background(), ShouldRateLimitMethod, &req, &out, grpc.ForceCodec(rawCodec{})); err != nil {
+			t.Fatalf("value %q: %v", value, err)
+		}
+		var r pb.RateLimitResponse
+		if err := proto.Unmarshal(out, &r); err != nil {
+			t.Fatalf("value %q: the answer does not decode: %v", value, err)
+		}
+		return &r
+	}
+	check(t, "\\xff\\xfe", ask("\xff\xfe"), ok, st{ok, "20/minute", 19})
+	check(t, "\\xff\\xfe again", ask("\xff\xfe"), ok, st{ok, "20/minute", 18})
+	check(t, "\\xff\\xfd, another value", ask("\xff\xfd"), ok, st{ok, "20/minute", 19})
+	if got := ask("\xff\xfe").GetDynamicMetadata().GetFields()["descriptors"].GetListValue().GetValues()[0].GetStructValue().GetFields()["entries"].GetListValue().GetValues()[0].GetStringValue(); got != "key2=\uFFFD" {
+		t.Errorf("dynamic_metadata entry %q, want the value made UTF-8 (a run of invalid bytes one U+FFFD)", got)
+	}
 }

@@ -80,6 +80,12 @@ func start(t testing.TB, kind storeKind, files ...string) *env {
 
 func startWith(t testing.TB, kind storeKind, mode guard.FailMode, files ...string) *env {
 	t.Helper()
+	return startOpts(t, kind, mode, nil, files...)
+}
+
+// startOpts is startWith, the service's options changed by mod.
+func startOpts(t testing.TB, kind storeKind, mode guard.FailMode, mod func(*Options), files ...string) *env {
+	t.Helper()
 	cfg := parseConfig(t, files...)
 	e := &env{reg: prometheus.NewRegistry()}
 	opts := guard.Options{
@@ -118,7 +124,11 @@ func startWith(t testing.TB, kind storeKind, mode guard.FailMode, files ...strin
 		t.Fatalf("guard.Start: %v", err)
 	}
 	t.Cleanup(g.Close)
-	e.svc, err = New(Options{Config: cfg, Engine: newEngine(t, g, e.reg, false), Registry: e.reg})
+	opts2 := Options{Config: cfg, Engine: newEngine(t, g, e.reg, false), Registry: e.reg}
+	if mod != nil {
+		mod(&opts2)
+	}
+	e.svc, err = New(opts2)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -12,12 +12,28 @@
 //
 // A descriptor's status describes the limit of that descriptor that decided
 // the request: a limit of 0 first, then an enforcing limit that denied, then
-// the one with the fewest remaining. A descriptor with no limit, or whose
-// limits were not asked, is OK without a current limit: a hits_addend of
-// 0, a limit of 0 elsewhere in the request (which denies it before the
-// store is asked), or a denial the guard's deny cache answered for another
-// descriptor, which leaves the others' counts unread (and unchanged: a
-// denied request consumes nothing).
+// the one with the fewest remaining. Every decided limit's status carries
+// its current_limit and limit_remaining, however it was decided (the store,
+// the guard's deny cache, which answers a request of one limit only, the
+// local fallback). A descriptor with no limit, or whose limits were not
+// asked, is OK without a current limit: a hits_addend of 0, or a limit of 0
+// elsewhere in the request (which denies it before the store is asked).
+//
+// A descriptor in quota_mode (envoyconf.Limit.Quota) is decided as a
+// shadow limit: its status says whether it is over, and the request is
+// over the limit for the quota descriptors only when every one of them
+// is, as envoyproxy/ratelimit answers. With Options.ResponseMetadata, the
+// answer carries envoyproxy/ratelimit's dynamic_metadata (see
+// setMetadata).
+//
+// No value a client controls makes an error, which Envoy's rate-limit
+// filter would admit (failure_mode_deny: false): two descriptors that
+// reach one limit are each counted; an override that cannot be served (not
+// a unit, or past envoyconf.MaxOverrides distinct ones) and a request that
+// reaches more limits than one decision holds are over the limit, nothing
+// counted. Errors are left for what Envoy's configuration decides (an
+// empty domain, no descriptors, more than MaxDescriptors or MaxEntries)
+// and for the store (Unavailable, by the fail mode).
 //
 // Served on front/grpcwire (Register), ShouldRateLimit reads the fields it
 // uses from the request's bytes, without decoding the rest (see
@@ -30,8 +46,10 @@ package rls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,6 +60,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
@@ -78,6 +97,10 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Clock returns the current time. Default time.Now.
 	Clock func() time.Time
+	// ResponseMetadata answers with dynamic_metadata, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does (see
+	// setMetadata).
+	ResponseMetadata bool
 }
 
 // Service is the rate-limit service.
@@ -93,6 +116,7 @@ type Service struct {
 	overrides sync.Map // *envoyconf.Limit → *decide.Limit
 	metrics   *Metrics
 	clock     func() time.Time
+	metadata  bool          // Options.ResponseMetadata
 	scratch   sync.Pool     // *scratch
 	shape     *pbwire.Shape // RateLimitRequest's, for readRequest
 }
@@ -115,14 +139,14 @@ func New(opts Options) (*Service, error) {
 			return nil, err
 		}
 	}
-	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock,
+	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock, metadata: opts.ResponseMetadata,
 		shape: pbwire.NewShape((&pb.RateLimitRequest{}).ProtoReflect().Descriptor())}
 	for _, l := range opts.Config.Limits() {
 		if l.Policy != nil {
 			s.limits[l] = opts.Engine.NewLimit(l.Policy.Name(), l.Policy)
 		}
 	}
-	s.scratch.New = func() any { return &scratch{srv: s} }
+	s.scratch.New = func() any { return &scratch{srv: s, out: decide.Outcome{Front: "rls"}} }
 	return s, nil
 }
 
@@ -169,6 +193,11 @@ type applied struct {
 	desc  int
 	limit *envoyconf.Limit
 	req   int // index in the decision's requests; -1 when not decided
+	// refused: the limit cannot be served (an override that is not a
+	// unit, or one past envoyconf.MaxOverrides), or the request reaches
+	// more limits than one decision holds. It denies the request, as a
+	// limit of 0 does: an error would be an answer Envoy admits.
+	refused bool
 }
 
 // scratch is the memory one request works in, pooled.
@@ -184,6 +213,7 @@ type scratch struct {
 	reqs   []decide.LimitRequest
 	spans  []span // reqs[i].Key is keys[spans[i]]
 	keys   []byte
+	remap  []int  // translate's: old request index to new
 	values []byte // the response headers' values, while they are copied
 	out    decide.Outcome
 	ans    answer
@@ -192,7 +222,7 @@ type scratch struct {
 type span struct{ from, to int }
 
 func (sc *scratch) reset() {
-	sc.apps, sc.reqs, sc.spans, sc.keys = sc.apps[:0], sc.reqs[:0], sc.spans[:0], sc.keys[:0]
+	sc.apps, sc.reqs, sc.spans, sc.keys, sc.remap = sc.apps[:0], sc.reqs[:0], sc.spans[:0], sc.keys[:0], sc.remap[:0]
 	sc.ans = answer{statuses: sc.ans.statuses[:0]}
 }
 
@@ -202,7 +232,7 @@ func (s *Service) release(sc *scratch) {
 	clear(sc.apps[:cap(sc.apps)])
 	clear(sc.reqs[:cap(sc.reqs)])
 	clear(sc.ans.statuses[:cap(sc.ans.statuses)])
-	sc.ans.headers = nil
+	sc.ans.headers, sc.ans.metadata = nil, nil
 	sc.reply, sc.resp = nil, nil
 	s.scratch.Put(sc)
 }
@@ -327,9 +357,9 @@ func (s *Service) begin(sc *scratch, now time.Time) (ask, failedOpen bool, err e
 	if err := s.translate(r, sc); err != nil {
 		return false, false, err
 	}
-	denyAll := false // an enforcing limit of 0 per unit denies the request
+	denyAll := false // an enforcing limit of 0 per unit, or a refused one, denies the request
 	for _, a := range sc.apps {
-		denyAll = denyAll || a.limit.DeniesAll() && !a.limit.Shadow && !s.engine.Shadow()
+		denyAll = denyAll || (a.refused || a.limit.DeniesAll()) && !a.limit.Shadow && !a.limit.Quota && !s.engine.Shadow()
 	}
 	if denyAll {
 		// Denied whatever the store says: nothing is asked or counted.
@@ -350,7 +380,7 @@ func (s *Service) conclude(sc *scratch, out *decide.Outcome, now time.Time) (fai
 		s.respond(r, sc, out, now)
 		return false, nil
 	case decide.FailedOpen:
-		openResponse(r, sc)
+		s.openResponse(r, sc)
 		return true, nil
 	case decide.Unavailable:
 		return false, status.Error(codes.Unavailable, "the rate-limit store could not decide; retry shortly")
@@ -363,7 +393,13 @@ func (s *Service) conclude(sc *scratch, out *decide.Outcome, now time.Time) (fai
 // translate finds the limits that apply to each descriptor of r, with
 // their keys and costs, into sc: sc.apps, and sc.reqs for those the engine
 // decides. A limit named in another's replaces is dropped, as in
-// envoyproxy/ratelimit: not decided, not counted.
+// envoyproxy/ratelimit: not decided, not counted. Two descriptors that
+// reach one limit are each counted, as envoyproxy/ratelimit counts them:
+// under two keys, two requests of the limit; under one key (the same
+// entries, or a share_threshold pattern), one request of their summed
+// cost. Only what Envoy's configuration decides (a null descriptor, more
+// entries than MaxEntries) is an error; what a client's values decide is
+// an answer (see applied.refused).
 func (s *Service) translate(r *request, sc *scratch) error {
 	var replaced map[string]bool // made by the first replaces
 	for i := range r.descs {
@@ -378,10 +414,12 @@ func (s *Service) translate(r *request, sc *scratch) error {
 		from := len(sc.keys)
 		var limits []*envoyconf.Limit
 		var override [1]*envoyconf.Limit
+		refused := false
 		if d.override && s.config.HasDomain(r.domain) {
 			l, err := s.config.Override(d.rpu, envoyconf.Unit(d.unit))
 			if err != nil {
-				return status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
+				// Reported as sent, and over the limit.
+				l, refused = &envoyconf.Limit{Key: "override", RequestsPerUnit: d.rpu, Unit: envoyconf.Unit(d.unit), Override: true}, true
 			}
 			override[0] = l
 			limits = override[:]
@@ -389,6 +427,7 @@ func (s *Service) translate(r *request, sc *scratch) error {
 		} else {
 			limits, sc.keys = s.config.Match(r.domain, entries, sc.keys)
 		}
+		key := sc.keys[from:]
 		cost := requestCost(r, d)
 		for _, l := range limits {
 			for _, name := range l.Replaces {
@@ -397,44 +436,73 @@ func (s *Service) translate(r *request, sc *scratch) error {
 				}
 				replaced[name] = true
 			}
-			a := applied{desc: i, limit: l, req: -1}
-			if l.Policy != nil && cost > 0 {
-				a.req = len(sc.reqs)
-				sc.reqs = append(sc.reqs, decide.LimitRequest{Limit: s.limit(l), Cost: cost, Shadow: l.Shadow})
-				sc.spans = append(sc.spans, span{from, len(sc.keys)})
+			a := applied{desc: i, limit: l, req: -1, refused: refused}
+			if l.Policy != nil && cost > 0 && !refused {
+				a.req = s.request(sc, l, key, from, cost)
 			}
 			sc.apps = append(sc.apps, a)
 		}
 	}
 	if len(replaced) > 0 {
-		apps, reqs, spans := sc.apps[:0], sc.reqs[:0], sc.spans[:0]
-		for _, a := range sc.apps {
-			if a.limit.Name != "" && replaced[a.limit.Name] {
-				continue
+		s.dropReplaced(sc, replaced)
+	}
+	if len(sc.reqs) > algo.MaxRules {
+		// More than one decision holds: over the limit, nothing counted.
+		for i := range sc.apps {
+			if a := &sc.apps[i]; a.limit.Policy != nil {
+				a.refused, a.req = true, -1
 			}
-			if a.req >= 0 {
+		}
+		sc.reqs, sc.spans = sc.reqs[:0], sc.spans[:0]
+	}
+	return nil
+}
+
+// request returns the index of the request deciding l for key (at from in
+// sc.keys) at cost: an earlier descriptor's of the same limit and key,
+// which then counts both costs, or a new one.
+func (s *Service) request(sc *scratch, l *envoyconf.Limit, key []byte, from int, cost int64) int {
+	for _, a := range sc.apps {
+		if a.req >= 0 && a.limit == l {
+			sp := sc.spans[a.req]
+			if string(sc.keys[sp.from:sp.to]) == string(key) {
+				q := &sc.reqs[a.req]
+				q.Cost = min(q.Cost+cost, algo.MaxLimit)
+				return a.req
+			}
+		}
+	}
+	// A quota limit does not deny alone: the engine decides it as a
+	// shadow, and respond weighs the quota descriptors together.
+	sc.reqs = append(sc.reqs, decide.LimitRequest{Limit: s.limit(l), Cost: cost, Shadow: l.Shadow || l.Quota})
+	sc.spans = append(sc.spans, span{from, from + len(key)})
+	return len(sc.reqs) - 1
+}
+
+// dropReplaced drops the applications of the replaced limits, and the
+// requests only they used.
+func (s *Service) dropReplaced(sc *scratch, replaced map[string]bool) {
+	sc.remap = slices.Grow(sc.remap[:0], len(sc.reqs))[:len(sc.reqs)]
+	for i := range sc.remap {
+		sc.remap[i] = -1
+	}
+	apps, reqs, spans := sc.apps[:0], sc.reqs[:0], sc.spans[:0]
+	for _, a := range sc.apps {
+		if a.limit.Name != "" && replaced[a.limit.Name] {
+			continue
+		}
+		if a.req >= 0 {
+			if sc.remap[a.req] < 0 {
 				// In place: a kept request moves down, never up.
 				reqs = append(reqs, sc.reqs[a.req])
 				spans = append(spans, sc.spans[a.req])
-				a.req = len(reqs) - 1
+				sc.remap[a.req] = len(reqs) - 1
 			}
-			apps = append(apps, a)
+			a.req = sc.remap[a.req]
 		}
-		sc.apps, sc.reqs, sc.spans = apps, reqs, spans
+		apps = append(apps, a)
 	}
-	if len(sc.reqs) > algo.MaxRules {
-		return status.Errorf(codes.InvalidArgument, "%d limits apply to the request; the most is %d", len(sc.reqs), algo.MaxRules)
-	}
-	// A store decides a policy once per decision: two descriptors that
-	// reach one configured limit cannot be decided together.
-	for i, a := range sc.apps {
-		for _, b := range sc.apps[:i] {
-			if a.req >= 0 && b.req >= 0 && a.limit == b.limit {
-				return status.Errorf(codes.InvalidArgument, "descriptors %d and %d reach the same limit (%s); a request may reach a limit once", b.desc, a.desc, a.limit.Key)
-			}
-		}
-	}
-	return nil
+	sc.apps, sc.reqs, sc.spans = apps, reqs, spans
 }
 
 // requestCost is what a descriptor adds: its own hits_addend, else the
@@ -484,9 +552,9 @@ func (s *Service) respond(r *request, sc *scratch, out *decide.Outcome, now time
 		case l.Unlimited:
 			st.remaining = math.MaxUint32
 			continue
-		case l.DeniesAll():
+		case l.DeniesAll() || ap.refused:
 			st.limit = l
-			st.hasReset, st.reset = true, untilWindowEnd(l.Unit, now)
+			st.hasReset, st.reset = l.Unit.Window() > 0, untilWindowEnd(l.Unit, now)
 			st.overLimit = !l.Shadow && !s.engine.Shadow()
 			continue
 		case ap.req < 0 || res == nil || res[ap.req].NotDecided:
@@ -501,11 +569,31 @@ func (s *Service) respond(r *request, sc *scratch, out *decide.Outcome, now time
 			reset = q.RetryAfter
 		}
 		st.hasReset, st.reset = true, reset.Round(time.Second)
-		st.overLimit = !q.Allowed && !q.Shadow
+		st.overLimit = !q.Allowed && !l.Shadow && !s.engine.Shadow()
 	}
-	for _, st := range a.statuses {
-		a.overLimit = a.overLimit || st.overLimit
+	// Over the limit: a descriptor that is not in quota mode, or every
+	// one that is, as envoyproxy/ratelimit answers.
+	var quotaBuf [MaxDescriptors]bool
+	quota := quotaBuf[:r.ndesc]
+	for _, ap := range sc.apps {
+		quota[ap.desc] = quota[ap.desc] || ap.limit.Quota
 	}
+	quotas, quotasOver := 0, 0
+	for i, st := range a.statuses {
+		switch {
+		case quota[i]:
+			quotas++
+			if st.overLimit {
+				quotasOver++
+			}
+		case st.overLimit:
+			a.overLimit = true
+		}
+	}
+	if quotas > 0 && quotasOver == quotas {
+		a.overLimit = true
+	}
+	s.setMetadata(r, sc)
 	if out == nil {
 		return
 	}
@@ -518,7 +606,7 @@ func (s *Service) respond(r *request, sc *scratch, out *decide.Outcome, now time
 
 // openResponse answers when the store cannot decide and the fail mode
 // admits, into sc.ans: OK for every descriptor, without counts.
-func openResponse(r *request, sc *scratch) {
+func (s *Service) openResponse(r *request, sc *scratch) {
 	a := &sc.ans
 	a.statuses = slices.Grow(a.statuses[:0], r.ndesc)[:r.ndesc]
 	clear(a.statuses)
@@ -527,6 +615,7 @@ func openResponse(r *request, sc *scratch) {
 			a.statuses[ap.desc].remaining = math.MaxUint32
 		}
 	}
+	s.setMetadata(r, sc)
 }
 
 // message is a as a RateLimitResponse. The headers' values become one
@@ -546,6 +635,7 @@ func message(a *answer, buf []byte) (*pb.RateLimitResponse, []byte) {
 			st.DurationUntilReset = rp.duration(x.reset)
 		}
 	}
+	resp.DynamicMetadata = a.metadata
 	return resp, rp.setHeaders(a.headers, buf)
 }
 
@@ -637,11 +727,11 @@ func (rp *reply) setHeaders(hs []decide.Header, buf []byte) []byte {
 // one that was not decided.
 func (s *Service) rank(a applied, res []decide.Result) int64 {
 	switch {
-	case a.limit.DeniesAll() && !a.limit.Shadow && !s.engine.Shadow():
+	case (a.limit.DeniesAll() || a.refused) && !a.limit.Shadow && !s.engine.Shadow():
 		return -2
 	case a.req < 0 || res == nil || res[a.req].NotDecided:
 		return math.MaxInt64
-	case !res[a.req].Allowed && !res[a.req].Shadow:
+	case !res[a.req].Allowed && !a.limit.Shadow && !s.engine.Shadow():
 		return -1
 	}
 	return res[a.req].Remaining
@@ -651,5 +741,84 @@ func (s *Service) rank(a applied, res []decide.Result) int64 {
 // from the Unix epoch as envoyproxy/ratelimit counts it.
 func untilWindowEnd(u envoyconf.Unit, now time.Time) time.Duration {
 	w := int64(u.Window() / time.Second)
+	if w == 0 {
+		return 0 // not a unit
+	}
 	return time.Duration(w-now.Unix()%w) * time.Second
+}
+
+// setMetadata sets sc.ans's dynamic_metadata when the service answers
+// with it, as envoyproxy/ratelimit writes it: the domain; each
+// descriptor's entries ("key=value"), its limit override and its
+// hits_addend; the request's hits_addend; and the metadata of the limits
+// of every descriptor that is not over its limit (nor unlimited), merged
+// in the order of the descriptors: a nested mapping merges, any other
+// value is the first one's. Its strings are copies: the response outlives
+// the request's bytes.
+func (s *Service) setMetadata(r *request, sc *scratch) {
+	if !s.metadata {
+		return
+	}
+	a := &sc.ans
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(metadataString(r.domain))}
+	descs := make([]*structpb.Value, 0, len(r.descs))
+	for i := range r.descs {
+		d := &r.descs[i]
+		if d.null {
+			continue
+		}
+		entries := make([]*structpb.Value, 0, d.to-d.from)
+		for _, e := range r.entries[d.from:d.to] {
+			entries = append(entries, structpb.NewStringValue(metadataString(e.Key+"="+e.Value)))
+		}
+		df := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if d.override {
+			df["limit"] = structpb.NewStringValue(fmt.Sprintf("requests_per_unit:%d unit:%s", d.rpu, pb.RateLimitResponse_RateLimit_Unit(d.unit)))
+		}
+		if d.addend {
+			df["hitsAddend"] = structpb.NewNumberValue(float64(d.hits))
+		}
+		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: df}))
+	}
+	fields["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: descs})
+	if r.hits != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(r.hits))
+	}
+	passed := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i, st := range a.statuses {
+		if st.overLimit || st.remaining == math.MaxUint32 && st.limit == nil {
+			continue
+		}
+		for _, ap := range sc.apps {
+			if ap.desc == i && ap.limit.Metadata != nil {
+				mergeMetadata(passed, ap.limit.Metadata)
+			}
+		}
+	}
+	if len(passed.Fields) > 0 {
+		fields["metadata"] = structpb.NewStructValue(passed)
+	}
+	a.metadata = &structpb.Struct{Fields: fields}
+}
+
+// metadataString is s as dynamic_metadata holds it: a copy, the request's
+// bytes being pooled once the call is answered, valid UTF-8 as a protobuf
+// string must be (a descriptor's value is a client's header as sent).
+func metadataString(s string) string {
+	return strings.Clone(strings.ToValidUTF8(s, "\uFFFD"))
+}
+
+// mergeMetadata merges src into dst: a key dst lacks is added (a copy, so
+// that a later merge never changes the configuration's), two mappings
+// merge, and any other key keeps dst's value.
+func mergeMetadata(dst, src *structpb.Struct) {
+	for k, v := range src.GetFields() {
+		have, ok := dst.Fields[k]
+		switch {
+		case !ok:
+			dst.Fields[k] = proto.Clone(v).(*structpb.Value)
+		case have.GetStructValue() != nil && v.GetStructValue() != nil:
+			mergeMetadata(have.GetStructValue(), v.GetStructValue())
+		}
+	}
 }

@@ -5,6 +5,8 @@ import (
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
@@ -106,6 +108,7 @@ const (
 	responseOverallCode = 1 // RateLimitResponse.overall_code
 	responseStatuses    = 2 // RateLimitResponse.statuses
 	responseHeaders     = 3 // RateLimitResponse.response_headers_to_add
+	responseMetadata    = 6 // RateLimitResponse.dynamic_metadata
 	statusCode          = 1 // DescriptorStatus.code
 	statusCurrentLimit  = 2 // DescriptorStatus.current_limit
 	statusRemaining     = 3 // DescriptorStatus.limit_remaining
@@ -120,13 +123,14 @@ const (
 // readRequest reads the RateLimitRequest encoded in b into r as
 // fromMessage reads the decoded message, without decoding it: r's strings
 // point into b. It reports false, with r unspecified, when it cannot vouch
-// that proto.Unmarshal decodes b without an error (see pbwire.WellFormed;
+// that proto.Unmarshal decodes b without an error but for strings that
+// are not UTF-8, which it reads as the bytes Envoy sent (see pbwire.Readable;
 // sh is RateLimitRequest's shape): the caller then decodes it whole. A
 // field of another wire type than its own is an unknown field, as
 // proto.Unmarshal keeps it; a singular message that occurs twice is merged,
 // its scalars the last seen.
 func readRequest(r *request, b []byte, sh *pbwire.Shape) bool {
-	if !pbwire.WellFormed(sh, b) {
+	if !pbwire.Readable(sh, b) {
 		return false
 	}
 	r.reset()
@@ -188,6 +192,7 @@ type answer struct {
 	overLimit bool
 	statuses  []descStatus // one per descriptor, in order
 	headers   []decide.Header
+	metadata  *structpb.Struct // dynamic_metadata; nil for none
 }
 
 // descStatus is a DescriptorStatus.
@@ -256,6 +261,15 @@ func appendResponse(b []byte, a *answer) []byte {
 		b = protowire.AppendTag(b, responseHeaders, bytesType)
 		b = protowire.AppendVarint(b, uint64(pbwire.HeaderValueLen(h.Name, h.Value)))
 		b = pbwire.AppendHeaderValue(b, h.Name, h.Value)
+	}
+	if a.metadata != nil {
+		// Its map's keys in order. Its strings are UTF-8 (see
+		// metadataString), so it marshals; one that did not would be
+		// left out rather than the answer.
+		if mb, err := (proto.MarshalOptions{Deterministic: true}).Marshal(a.metadata); err == nil {
+			b = protowire.AppendTag(b, responseMetadata, bytesType)
+			b = protowire.AppendBytes(b, mb)
+		}
 	}
 	return b
 }

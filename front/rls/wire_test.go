@@ -14,11 +14,13 @@ import (
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/envoyconf"
+	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/pbwire"
 )
 
@@ -132,6 +134,12 @@ func differs(b []byte) string {
 	if !readRequest(&fast, b, requestShape) {
 		return ""
 	}
+	if !pbwire.WellFormed(requestShape, b) {
+		// A string not UTF-8, which proto.Unmarshal refuses and
+		// readRequest reads by its bytes (pbwire.Readable): nothing
+		// to compare with.
+		return ""
+	}
 	var m pb.RateLimitRequest
 	if err := proto.Unmarshal(b, &m); err != nil {
 		return fmt.Sprintf("readRequest vouches for %x, which proto.Unmarshal refuses: %v", b, err)
@@ -225,5 +233,36 @@ func TestAppendResponse(t *testing.T) {
 		if got := appendResponse([]byte("prefix"), &a); string(got) != "prefix"+string(want) {
 			t.Fatalf("answer %d %+v: appendResponse = %x, proto.Marshal gives %x", n, a, got[len("prefix"):], want)
 		}
+	}
+}
+
+// TestMetadataOutlivesRequestBytes: the dynamic_metadata of an answer
+// holds copies of the request's strings, which readRequest reads in
+// place: the request's buffer, returned to a pool once the call is
+// answered and overwritten by the next call's bytes, changes nothing in
+// it.
+func TestMetadataOutlivesRequestBytes(t *testing.T) {
+	e := startOpts(t, memoryStore, guard.FailClosed, func(o *Options) { o.ResponseMetadata = true }, another)
+	req, err := proto.Marshal(&pb.RateLimitRequest{Domain: "another", Descriptors: []*rlDesc{desc("key2", "kept")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := e.svc.scratch.Get().(*scratch)
+	defer e.svc.release(sc)
+	if !readRequest(&sc.req, req, e.svc.shape) {
+		t.Fatal("readRequest did not vouch for a well-formed request")
+	}
+	if _, err := e.svc.decide(context.Background(), sc); err != nil {
+		t.Fatal(err)
+	}
+	before, err := protojson.Marshal(sc.ans.metadata)
+	if err != nil || !strings.Contains(string(before), `"domain":"another"`) {
+		t.Fatalf("dynamic_metadata %s, %v", before, err)
+	}
+	for i := range req {
+		req[i] = 'X' // the next call's bytes
+	}
+	if after, _ := protojson.Marshal(sc.ans.metadata); string(after) != string(before) {
+		t.Errorf("dynamic_metadata changed with the request's bytes:\n%s\nthen\n%s", before, after)
 	}
 }

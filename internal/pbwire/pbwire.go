@@ -36,8 +36,11 @@ func Each(b []byte, f func(protowire.Number, protowire.Type, []byte, uint64)) {
 	}
 }
 
-// Str is b as a string, without a copy: for a request's bytes, which
-// outlive the call that reads them.
+// Str is b as a string, without a copy, for reading a request's fields
+// while its call lasts: front/grpcwire returns the request's buffer to a
+// pool once the call is answered, and the next call's bytes overwrite it.
+// A string that must outlive the call (kept by the handler, put in a
+// response built later) must be copied (strings.Clone).
 func Str(b []byte) string {
 	if len(b) == 0 {
 		return ""
@@ -121,10 +124,21 @@ func (sh *Shape) field(n protowire.Number) fieldShape {
 // (groups, a packed list, a message with extensions, a file not proto3,
 // messages nested deeper than maxDepth) it does not vouch for.
 func WellFormed(sh *Shape, b []byte) bool {
-	return wellFormed(sh, b, 0)
+	return wellFormed(sh, b, 0, true)
 }
 
-func wellFormed(sh *Shape, b []byte, depth int) bool {
+// Readable reports whether b is a message of shape sh that WellFormed
+// vouches for, but for strings that are not UTF-8, which proto.Unmarshal
+// refuses: Envoy sends them as it has them (a client's header value of
+// bytes above 0x7f, in a descriptor entry or a header). A front that reads
+// such a message by its bytes gives them the meaning the sender gave them,
+// where decoding it would end in an error, which a proxy may take as an
+// admission.
+func Readable(sh *Shape, b []byte) bool {
+	return wellFormed(sh, b, 0, false)
+}
+
+func wellFormed(sh *Shape, b []byte, depth int, utf8Strings bool) bool {
 	if depth > maxDepth || !sh.vouch {
 		return false
 	}
@@ -159,7 +173,7 @@ func wellFormed(sh *Shape, b []byte, depth int) bool {
 			return false
 		}
 		b = b[n:]
-		if f.str && !utf8.Valid(v) || f.msg != nil && !wellFormed(f.msg, v, depth+1) {
+		if utf8Strings && f.str && !utf8.Valid(v) || f.msg != nil && !wellFormed(f.msg, v, depth+1, utf8Strings) {
 			return false
 		}
 	}

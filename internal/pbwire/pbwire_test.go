@@ -52,6 +52,10 @@ func TestWellFormed(t *testing.T) {
 		if got := WellFormed(sh, tc.b); got != tc.want {
 			t.Errorf("%s: WellFormed(%x) = %v, want %v", tc.name, tc.b, got, tc.want)
 		}
+		// Readable takes strings of any bytes, and nothing else more.
+		if got, want := Readable(sh, tc.b), tc.want || tc.name == "key not UTF-8"; got != want {
+			t.Errorf("%s: Readable(%x) = %v, want %v", tc.name, tc.b, got, want)
+		}
 		var m core.HeaderValue
 		if err := proto.Unmarshal(tc.b, &m); tc.want && err != nil {
 			t.Errorf("%s: vouched for, but proto.Unmarshal: %v", tc.name, err)

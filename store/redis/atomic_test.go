@@ -394,3 +394,40 @@ func TestShadowRulesCountButNeverDeny(t *testing.T) {
 		}
 	}
 }
+
+// TestOnePolicyTwoKeys: one policy may count two keys in one decision,
+// each in its own state, all or nothing, for every algorithm.
+func TestOnePolicyTwoKeys(t *testing.T) {
+	clock := algotest.NewClock(algotest.Epoch.Add(5 * time.Minute))
+	ctx := context.Background()
+	for _, st := range bothStores(t, clock) {
+		for _, a := range algo.Algorithms() {
+			name := fmt.Sprintf("%s/%s", st.name, a)
+			t.Run(name, func(t *testing.T) {
+				p := algotest.MustPolicy(t, algo.Spec{Name: "two-" + a.String(), Algorithm: a, Limit: 3, Window: time.Minute})
+				k1, k2 := []byte(name+"-1"), []byte(name+"-2")
+				// k2 spends 2 of its 3 alone first.
+				for i := 0; i < 2; i++ {
+					algotest.DecideOne(t, st.store, algo.Request{Policy: p, Key: k2})
+				}
+				both := []algo.Request{{Policy: p, Key: k1}, {Policy: p, Key: k2}}
+				res := make([]algo.Result, 2)
+				ok, err := st.store.Decide(ctx, both, res)
+				if err != nil || !ok {
+					t.Fatalf("first decision of both = %v, %v (%+v), want admitted", ok, err, res)
+				}
+				if res[0].Remaining != 2 || res[1].Remaining != 0 {
+					t.Fatalf("first decision of both: remaining %d and %d, want 2 and 0", res[0].Remaining, res[1].Remaining)
+				}
+				ok, err = st.store.Decide(ctx, both, res)
+				if err != nil || ok || !res[0].Allowed || res[1].Allowed {
+					t.Fatalf("second decision of both = %v, %v (%+v), want denied by k2 alone", ok, err, res)
+				}
+				// The denial consumed nothing of k1.
+				if got := algotest.DecideOne(t, st.store, algo.Request{Policy: p, Key: k1}).Remaining; got != 1 {
+					t.Errorf("k1 alone afterwards: Remaining = %d, want 1", got)
+				}
+			})
+		}
+	}
+}

@@ -24,7 +24,7 @@ func TestDecideRejectsBadRequests(t *testing.T) {
 			{"cost 2^62", []algo.Request{{Policy: a, Key: []byte("k"), Cost: 1 << 62}}, 1},
 			{"short result slice", []algo.Request{{Policy: a, Key: []byte("k")}}, 0},
 			{"nil policy", []algo.Request{{Key: []byte("k")}}, 1},
-			{"policy twice", []algo.Request{{Policy: a, Key: []byte("k")}, {Policy: a, Key: []byte("j")}}, 2},
+			{"policy twice for one key", []algo.Request{{Policy: a, Key: []byte("k")}, {Policy: a, Key: []byte("j")}, {Policy: a, Key: []byte("k")}}, 3},
 			{"a key that is not a tag", []algo.Request{{Policy: a, Key: []byte("{k}")}}, 1},
 			{"an empty key", []algo.Request{{Policy: a, Key: nil}}, 1},
 			{"too many rules", make([]algo.Request, algo.MaxRules+1), algo.MaxRules + 1},
