@@ -3,16 +3,38 @@
 
 GO       ?= go
 BIN      ?= bin/authlimit
-VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# VERSION is the one version number: the binary's -version, the image's tag
+# and the Helm chart's version and appVersion (a test holds them together).
+VERSION  ?= $(shell cat VERSION)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+GOOS     ?= $(shell $(GO) env GOOS)
+GOARCH   ?= $(shell $(GO) env GOARCH)
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
 FUZZTIME ?= 30s
 
-.PHONY: build run test lint bench fuzz e2e clean
+# The image: its name, the platforms make image-context builds binaries for
+# (the release builds linux/amd64 and linux/arm64 into one image), the
+# container engine (podman, or docker where one runs) and the CA bundle it
+# ships (Debian's ca-certificates).
+IMAGE_REPO      ?= ghcr.io/authlimit/authlimit
+IMAGE           ?= $(IMAGE_REPO):$(VERSION)
+IMAGE_PLATFORMS ?= linux/$(GOARCH)
+CONTAINER       ?= $(shell command -v podman 2>/dev/null || command -v docker 2>/dev/null || echo podman)
+CA_BUNDLE       ?= /etc/ssl/certs/ca-certificates.crt
 
-# build makes the static binary the Dockerfile ships.
+# The release's binaries: make dist.
+DIST_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+ACTIONLINT  ?= $(GO) run github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+
+.PHONY: build run test lint bench fuzz e2e image image-context dist chart-docs version clean
+
+# build makes the static, stripped binary the image ships. GOOS and GOARCH
+# choose another platform (make build GOOS=linux GOARCH=arm64).
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/authlimit
+	CGO_ENABLED=0 GOOS=$(GOOS) GOARCH=$(GOARCH) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/authlimit
 
 # run starts authlimit on :8080 with the embedded store and the default rule
 # (100 requests per minute per client IP). Any AUTHLIMIT_* variable set in
@@ -20,25 +42,80 @@ build:
 run: build
 	./$(BIN)
 
-# lint fails on unformatted files and vet findings.
+# version prints the version, for scripts (the release workflow).
+version:
+	@echo $(VERSION)
+
+# lint fails on unformatted files, vet and staticcheck findings (the main
+# module and e2e's), and actionlint's in .github/workflows.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	$(GO) vet -tags e2e ./e2e/...
+	cd e2e && $(GO) vet -tags e2e ./...
+	$(STATICCHECK) $(PKGS)
+	cd e2e && $(STATICCHECK) -tags e2e ./...
+	$(ACTIONLINT)
 
 # test runs every unit and integration test against real Redis, with the race
-# detector, then prints the sliding_window_counter accuracy report.
-test: lint
+# detector, then prints the sliding_window_counter accuracy report. The e2e
+# module's tests without the e2e tag (the deployment files, the chart's
+# README, the version) run too. CI runs make lint beside it.
+test:
 	$(GO) test -race -shuffle=on -count=1 $(PKGS)
+	cd e2e && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -run 'Allocates' $(PKGS)
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'
 
 # e2e runs authlimit behind real nginx, nginx with Lua, Caddy, Traefik and
-# HAProxy, with its Lua action and with SPOE (see e2e/README.md for what it
-# needs; the first run builds Traefik).
+# HAProxy (with its Lua action and with SPOE), renders the chart with a real
+# helm, and builds and runs the image with podman (see e2e/README.md for what
+# it needs; the first run builds Traefik and helm). e2e is a module of its
+# own (e2e/go.mod).
 e2e:
-	$(GO) test -tags e2e -count=1 -timeout 60m -v ./e2e/...
+	cd e2e && $(GO) test -tags e2e -count=1 -timeout 60m -v ./...
+
+# image builds $(IMAGE) for this machine from Dockerfile with $(CONTAINER),
+# without a registry: the image is FROM scratch and only copies what
+# image-context prepared. podman builds in Docker's format, which keeps the
+# HEALTHCHECK (the OCI format has none).
+image: image-context
+	$(CONTAINER) build $(if $(findstring podman,$(notdir $(CONTAINER))),--format docker) \
+		--platform $(firstword $(IMAGE_PLATFORMS)) \
+		--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
+		-t $(IMAGE) -f Dockerfile .
+
+# image-context puts what the Dockerfile copies under bin/image: make build's
+# binary for each of IMAGE_PLATFORMS (bin/image/linux/amd64/authlimit, ...)
+# and the root file system (CA certificates, the user 65532 in /etc/passwd).
+image-context:
+	rm -rf bin/image
+	for p in $(IMAGE_PLATFORMS); do \
+		$(MAKE) --no-print-directory build GOOS=$${p%/*} GOARCH=$${p#*/} BIN=bin/image/$$p/authlimit || exit 1; \
+	done
+	mkdir -p bin/image/rootfs/etc/ssl/certs
+	cp $(CA_BUNDLE) bin/image/rootfs/etc/ssl/certs/ca-certificates.crt
+	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/nonexistent:/sbin/nologin\n' >bin/image/rootfs/etc/passwd
+	printf 'root:x:0:\nnonroot:x:65532:\n' >bin/image/rootfs/etc/group
+
+# dist builds the release's archives into dist/ with make build, one per
+# platform of DIST_PLATFORMS (authlimit_<version>_<os>_<arch>.tar.gz: the
+# binary, README.md), and their SHA-256 sums in dist/checksums.txt.
+dist:
+	rm -rf dist
+	for p in $(DIST_PLATFORMS); do \
+		d=authlimit_$(VERSION)_$${p%/*}_$${p#*/}; \
+		$(MAKE) --no-print-directory build GOOS=$${p%/*} GOARCH=$${p#*/} BIN=dist/$$d/authlimit || exit 1; \
+		cp README.md dist/$$d/; \
+		tar -C dist --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -czf dist/$$d.tar.gz $$d || exit 1; \
+		rm -r dist/$$d; \
+	done
+	cd dist && sha256sum *.tar.gz >checksums.txt
+
+# chart-docs regenerates the values table of deploy/helm/authlimit/README.md
+# from values.yaml's comments (a test fails while it is out of date).
+chart-docs:
+	$(GO) generate ./internal/chartdoc
 
 # bench builds authlimit and the harness in bench/, runs every system under
 # every workload at 1, 4, 16, 50 and 500 connections (3 rounds, systems
@@ -67,4 +144,4 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/spoa
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -40,7 +40,6 @@ type options struct {
 	benchtime   string        // go test -benchtime, empty for its default
 	goBin       string        // go command for the micro-benchmarks
 	ratelimit   string        // envoyproxy/ratelimit binary; empty: the cached build
-	goVersion   string        // filled in by the run: `go version`
 	selfBinary  string        // this program, for the serve-* subcommands
 	args        []string      // the command line, for the results
 }

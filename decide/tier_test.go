@@ -182,11 +182,10 @@ func TestReloadChangesAnOverrideLive(t *testing.T) {
 			if got := admitted(t, e, "/", "k-acme", false, nil, `"api";q=10;w=3600`, 12); got != 10 {
 				t.Fatalf("%d admitted, want 10", got)
 			}
-			next, err := rules.Parse(tierRules + "override rule=api key=k-acme limit=12/1h\n" + "override rule=api key=k-new limit=1/1h\n")
-			if err == nil {
+			if _, err := rules.Parse(tierRules + "override rule=api key=k-acme limit=12/1h\n" + "override rule=api key=k-new limit=1/1h\n"); err == nil {
 				t.Fatal("two overrides of one key parsed")
 			}
-			next, err = rules.Parse(`
+			next, err := rules.Parse(`
 name=api key=header:X-Api-Key limit=3/1h algorithm=fixed_window tier=header:X-Plan
 tier rule=api name=pro limit=6/1h
 override rule=api key=k-acme limit=12/1h

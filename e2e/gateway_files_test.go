@@ -315,6 +315,7 @@ func TestIstioRecipes(t *testing.T) {
 			if h.GetPathPrefix() != "/auth" {
 				t.Errorf("%s: pathPrefix %q, want /auth", where, h.GetPathPrefix())
 			}
+			//lint:ignore SA1019 a check that the values avoid the deprecated field
 			if len(h.GetIncludeHeadersInCheck()) > 0 {
 				t.Errorf("%s: includeHeadersInCheck is deprecated: use includeRequestHeadersInCheck", where)
 			}

@@ -48,6 +48,9 @@ var bins struct {
 var faults = faultlog.New("make e2e")
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(attackEnv); spec != "" {
+		os.Exit(attackChild(spec))
+	}
 	os.Exit(run(m))
 }
 
@@ -64,6 +67,18 @@ func run(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	if hostileLog.Len() > 0 {
+		path := filepath.Join(bins.repo, "e2e", "HOSTILE.md")
+		if partialRun() {
+			path = filepath.Join(os.TempDir(), "authlimit-HOSTILE.md")
+		}
+		if err := hostileLog.Write(path); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			code = 1
+		} else {
+			fmt.Fprintln(os.Stderr, "e2e: hostile-client table written to", path)
+		}
+	}
 	if len(faults.Entries()) > 0 {
 		// The committed table is the whole suite's: a run of some tests
 		// (-run, -skip) writes its rows beside it, not over it.
@@ -96,17 +111,23 @@ func findBinaries() error {
 	bins.repo = filepath.Dir(filepath.Dir(file))
 	bins.missing = map[string]error{}
 
-	// authlimit is built exactly as the Dockerfile builds it.
+	// authlimit is built exactly as the Dockerfile builds it, unless
+	// AUTHLIMIT_E2E_AUTHLIMIT names a binary (another build's, to compare
+	// it with this one).
 	out, err := os.MkdirTemp("", "authlimit-e2e-")
 	if err != nil {
 		return err
 	}
 	bins.dir = out
 	bins.authlimit = filepath.Join(out, "authlimit")
-	build := exec.Command("make", "build", "BIN="+bins.authlimit)
-	build.Dir = bins.repo
-	if b, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("make build: %v\n%s", err, b)
+	if p := os.Getenv("AUTHLIMIT_E2E_AUTHLIMIT"); p != "" {
+		bins.authlimit = p
+	} else {
+		build := exec.Command("make", "build", "BIN="+bins.authlimit)
+		build.Dir = bins.repo
+		if b, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("make build: %v\n%s", err, b)
+		}
 	}
 
 	if bins.redis, err = exec.LookPath("redis-server"); err != nil {
@@ -226,6 +247,13 @@ type proc struct {
 
 func start(t *testing.T, name, bin string, args, env []string, dir string) *proc {
 	t.Helper()
+	return startOwned(t, t, name, bin, args, env, dir)
+}
+
+// startOwned starts a process for t that is stopped when owner ends: t
+// itself, or a parent test it must outlive.
+func startOwned(t, owner *testing.T, name, bin string, args, env []string, dir string) *proc {
+	t.Helper()
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -246,10 +274,10 @@ func start(t *testing.T, name, bin string, args, env []string, dir string) *proc
 		f.Close()
 		close(p.done)
 	}()
-	t.Cleanup(func() {
+	owner.Cleanup(func() {
 		p.stop()
-		if t.Failed() {
-			t.Logf("--- %s log (last lines) ---\n%s", name, tail(logPath, 30))
+		if owner.Failed() {
+			owner.Logf("--- %s log (last lines) ---\n%s", name, tail(logPath, 30))
 		}
 	})
 	return p
@@ -335,12 +363,18 @@ func (a *authlimit) target(px proxy) string {
 
 func startAuthlimit(t *testing.T, name string, env map[string]string) *authlimit {
 	t.Helper()
+	return startAuthlimitOwned(t, t, name, env)
+}
+
+// startAuthlimitOwned starts authlimit for t, stopped when owner ends.
+func startAuthlimitOwned(t, owner *testing.T, name string, env map[string]string) *authlimit {
+	t.Helper()
 	addr := freeAddr(t)
 	vars := []string{"PATH=" + os.Getenv("PATH"), "AUTHLIMIT_LISTEN=" + addr, "AUTHLIMIT_LOG_LEVEL=debug", "AUTHLIMIT_LOG_FORMAT=text"}
 	for k, v := range env {
 		vars = append(vars, k+"="+v)
 	}
-	p := start(t, name, bins.authlimit, nil, vars, t.TempDir())
+	p := startOwned(t, owner, name, bins.authlimit, nil, vars, owner.TempDir())
 	waitFor(t, p, "serving /healthz", func() bool {
 		r, err := http.Get("http://" + addr + "/healthz")
 		if err != nil {

@@ -34,7 +34,7 @@ func TestHelmEnvNamesAreAuthlimits(t *testing.T) {
 	}
 	// Set by the chart's templates; AUTHLIMIT_RULES is left out for good:
 	// the rules come from the file.
-	for _, n := range []string{"AUTHLIMIT_LISTEN", "AUTHLIMIT_RULES_FILE", "AUTHLIMIT_REDIS_URL", "AUTHLIMIT_REDIS_SENTINEL_PASSWORD", "AUTHLIMIT_LOCAL_DIVISOR", "AUTHLIMIT_GRPC_LISTEN", "AUTHLIMIT_ADMIN_LISTEN", "AUTHLIMIT_ADMIN_TOKEN", "AUTHLIMIT_RULES"} {
+	for _, n := range []string{"AUTHLIMIT_LISTEN", "AUTHLIMIT_RULES_FILE", "AUTHLIMIT_REDIS_URL", "AUTHLIMIT_REDIS_SENTINEL_PASSWORD", "AUTHLIMIT_LOCAL_DIVISOR", "AUTHLIMIT_GRPC_LISTEN", "AUTHLIMIT_RLS_CONFIG", "AUTHLIMIT_ADMIN_LISTEN", "AUTHLIMIT_ADMIN_TOKEN", "AUTHLIMIT_RULES"} {
 		if offered[n] != "" {
 			t.Errorf("values.env offers %s, which the chart sets itself", n)
 		}

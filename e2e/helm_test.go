@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 
+	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -241,7 +242,14 @@ type promRuleGroups struct {
 // an unknown field, or a kind the chart should not render, fails.
 func helmTemplate(t *testing.T, args ...string) *chartObjects {
 	t.Helper()
-	out, err := runHelm(t, append([]string{"template", "rl", chartDir, "--namespace", "edge"}, args...)...)
+	return helmTemplateAs(t, "rl", "edge", args...)
+}
+
+// helmTemplateAs is helmTemplate of a release of that name in that
+// namespace.
+func helmTemplateAs(t *testing.T, release, namespace string, args ...string) *chartObjects {
+	t.Helper()
+	out, err := runHelm(t, append([]string{"template", release, chartDir, "--namespace", namespace}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,6 +327,7 @@ type chartWant struct {
 	networkPolicy  bool
 	redis          bool
 	rulesMap       string // the rules ConfigMap's name
+	rlsMap         string // envoyproxy/ratelimit's ConfigMap, if any
 	extraPorts     []string
 }
 
@@ -336,6 +345,9 @@ func TestHelmTemplate(t *testing.T) {
 		"ci/existing-rules-values.yaml": {divisor: "4", pdb: true, rulesMap: "my-authlimit-rules"},
 		"examples/sidecar-values.yaml":  {divisor: "2", pdb: true, redis: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"proxy"}},
 		"ci/admin-values.yaml":          {divisor: "2", pdb: true, networkPolicy: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"admin"}},
+		"ci/rls-values.yaml":            {divisor: "2", pdb: true, redis: true, rulesMap: "rl-authlimit-rules", rlsMap: "ratelimit-config", extraPorts: []string{"grpc"}},
+		"examples/envoy-values.yaml":    {divisor: "2", pdb: true, redis: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"grpc"}},
+		"ci/grpc-peers-values.yaml":     {divisor: "2", pdb: true, networkPolicy: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"grpc"}},
 	}
 	files := chartValuesFiles(t)
 	for _, f := range files {
@@ -475,10 +487,33 @@ func checkChartWorkload(t *testing.T, r *chartObjects, w chartWant) {
 	if !mounted {
 		t.Error("the rules are not mounted")
 	}
+	rlsMounted := ""
+	for _, m := range c.VolumeMounts {
+		if m.Name == "rls" {
+			rlsMounted = m.MountPath
+			if m.SubPath != "" {
+				t.Errorf("envoyproxy/ratelimit's ConfigMap is mounted with subPath %q: the kubelet never updates a subPath mount", m.SubPath)
+			}
+		}
+	}
+	if (rlsMounted != "") != (w.rlsMap != "") {
+		t.Errorf("envoyproxy/ratelimit's ConfigMap mounted at %q, want it mounted: %v", rlsMounted, w.rlsMap != "")
+	}
+	rlsVolume := ""
 	for _, v := range pod.Volumes {
 		if v.Name == "rules" && (v.ConfigMap == nil || v.ConfigMap.Name != w.rulesMap) {
 			t.Errorf("the rules volume is %+v, want ConfigMap %s", v.VolumeSource, w.rulesMap)
 		}
+		if v.Name == "rls" {
+			if v.ConfigMap == nil {
+				t.Errorf("the rls volume is %+v, not a ConfigMap", v.VolumeSource)
+			} else {
+				rlsVolume = v.ConfigMap.Name
+			}
+		}
+	}
+	if rlsVolume != w.rlsMap {
+		t.Errorf("the rls volume is ConfigMap %q, want %q", rlsVolume, w.rlsMap)
 	}
 	if _, ok := d.Spec.Template.Annotations["checksum/config"]; !ok {
 		t.Error("the pod has no checksum/config annotation")
@@ -551,6 +586,28 @@ func checkChartEnv(t *testing.T, r *chartObjects, w chartWant) {
 		t.Errorf("AUTHLIMIT_RULES_FILE = %q, want %q, in the mounted directory", got, want)
 	}
 	env["AUTHLIMIT_RULES_FILE"] = filepath.Join(dir, "rules.conf")
+	if rls, ok := env["AUTHLIMIT_RLS_CONFIG"]; ok {
+		// The mounted directory of envoyproxy/ratelimit's ConfigMap: the
+		// repository's example of its configuration, under a ConfigMap
+		// key's name.
+		var mountPath string
+		for _, m := range c.VolumeMounts {
+			if m.Name == "rls" {
+				mountPath = m.MountPath
+			}
+		}
+		if rls != mountPath {
+			t.Errorf("AUTHLIMIT_RLS_CONFIG = %q, want the mounted directory %q", rls, mountPath)
+		}
+		rlsDir := filepath.Join(t.TempDir(), "rls")
+		if err := os.Mkdir(rlsDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(rlsDir, "config.yaml"), readRepo(t, "envoy/ratelimit.yaml"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env["AUTHLIMIT_RLS_CONFIG"] = rlsDir
+	}
 	out := checkChartEnvWithBinary(t, env)
 	if !strings.Contains(out, "from "+env["AUTHLIMIT_RULES_FILE"]) {
 		t.Errorf("-check does not say the rules come from the file:\n%s", out)
@@ -630,6 +687,11 @@ func TestHelmGRPC(t *testing.T) {
 	if got, want := strings.Join(ports, ","), "http:8080->http,grpc:8081->grpc"; got != want {
 		t.Errorf("Service ports = %s, want %s", got, want)
 	}
+	// As deploy/envoy-gateway/authlimit.yaml: Envoy Gateway and Istio
+	// speak HTTP/2 in clear text to a port marked so.
+	if p := r.service.Spec.Ports[1]; p.AppProtocol == nil || *p.AppProtocol != "kubernetes.io/h2c" {
+		t.Errorf("the grpc port's appProtocol is %v, want kubernetes.io/h2c", p.AppProtocol)
+	}
 	c := r.deployment.Spec.Template.Spec.Containers[0]
 	listen := ""
 	for _, e := range c.Env {
@@ -648,6 +710,31 @@ func TestHelmGRPC(t *testing.T) {
 	// knows it (the configuration reference lists it).
 	if strings.Contains(string(readRepo(t, "docs/configuration.md")), "| `AUTHLIMIT_GRPC_LISTEN`") {
 		checkChartEnv(t, r, chartWant{divisor: "2", rulesMap: "rl-authlimit-rules"})
+	}
+}
+
+// TestHelmGRPCPeers: networkPolicy.grpcFrom opens the gRPC port to the
+// gateway's pods alone, and the decision port to networkPolicy.from
+// alone; without it, both go to networkPolicy.from.
+func TestHelmGRPCPeers(t *testing.T) {
+	peers := func(r *chartObjects) map[string][]string {
+		out := map[string][]string{}
+		for _, in := range r.networkPolicy.Spec.Ingress {
+			for _, p := range in.Ports {
+				for _, f := range in.From {
+					out[p.Port.String()] = append(out[p.Port.String()], f.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
+				}
+			}
+		}
+		return out
+	}
+	r := helmTemplate(t, "-f", filepath.Join(chartDir, "ci/grpc-peers-values.yaml"))
+	if got, want := peers(r), map[string][]string{"http": {"ingress-nginx"}, "grpc": {"envoy-gateway-system"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("with grpcFrom, the ports are open to %v, want %v", got, want)
+	}
+	r = helmTemplate(t, "-f", filepath.Join(chartDir, "ci/grpc-peers-values.yaml"), "--set", "networkPolicy.grpcFrom=null")
+	if got, want := peers(r), map[string][]string{"http": {"ingress-nginx"}, "grpc": {"ingress-nginx"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("without grpcFrom, the ports are open to %v, want %v", got, want)
 	}
 }
 
@@ -737,6 +824,9 @@ func TestHelmSchemaRejects(t *testing.T) {
 		{"autoscaler upside down", "autoscaling:\n  enabled: true\n  minReplicas: 5\n  maxReplicas: 3\n", "minReplicas (5) is more than autoscaling.maxReplicas (3)"},
 		{"autoscaler without replicas", "autoscaling:\n  maxReplicas: 0\n", "maxReplicas"},
 		{"a container without a name", "extraContainers:\n  - image: nginx\n", "name"},
+		{"rls misspelt", "rls:\n  existingConfigmap: ratelimit\n", "existingConfigmap"},
+		{"rls ConfigMap name", "rls:\n  existingConfigMap: Ratelimit_Config\n", "existingConfigMap"},
+		{"image repository empty", "image:\n  repository: \"\"\n", "repository"},
 	}
 	dir := t.TempDir()
 	for i, tt := range tests {
@@ -814,5 +904,108 @@ func TestHelmNotes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHelmEnvoyWiring: installed as the release authlimit with
+// examples/envoy-values.yaml, the chart serves what Envoy Gateway's
+// SecurityPolicies and istiod's extension providers ask for (the Service
+// authlimit, its http and grpc ports, HTTP/2 in clear text), without an
+// Istio sidecar, and runs as deploy/envoy-gateway/authlimit.yaml does.
+func TestHelmEnvoyWiring(t *testing.T) {
+	r := helmTemplateAs(t, "authlimit", "default", "-f", filepath.Join(chartDir, "examples/envoy-values.yaml"))
+	manifest := loadEnvoyAuthlimit(t)
+	svc := r.service
+	if svc.Name != "authlimit" || svc.Namespace != "default" {
+		t.Errorf("the Service is %s/%s, want default/authlimit", svc.Namespace, svc.Name)
+	}
+	ports := map[string]int32{}
+	for _, p := range svc.Spec.Ports {
+		ports[p.Name] = p.Port
+		if manifest.ports[p.Port] != p.TargetPort.String() {
+			t.Errorf("Service port %d goes to %s; deploy/envoy-gateway/authlimit.yaml's to %q", p.Port, p.TargetPort.String(), manifest.ports[p.Port])
+		}
+	}
+	for _, tc := range []struct{ file, port string }{
+		{"deploy/envoy-gateway/securitypolicy-grpc.yaml", "grpc"},
+		{"deploy/envoy-gateway/securitypolicy-http.yaml", "http"},
+	} {
+		sp := object[*egv1a1.SecurityPolicy](t, tc.file, decodeObjects(t, tc.file), "SecurityPolicy/authlimit")
+		var refs []egv1a1.BackendRef
+		if ea := sp.Spec.ExtAuth; ea != nil && ea.GRPC != nil {
+			refs = ea.GRPC.BackendRefs
+		} else if ea != nil && ea.HTTP != nil {
+			refs = ea.HTTP.BackendRefs
+		}
+		for _, ref := range refs {
+			if string(ref.Name) != svc.Name || ref.Port == nil || int32(*ref.Port) != ports[tc.port] {
+				t.Errorf("%s asks %s:%v; the chart serves %s on %s:%d", tc.file, ref.Name, ref.Port, tc.port, svc.Name, ports[tc.port])
+			}
+		}
+		if len(refs) != 1 {
+			t.Errorf("%s: %d backendRefs, want 1", tc.file, len(refs))
+		}
+	}
+	type provider struct {
+		Service string `json:"service"`
+		Port    int32  `json:"port"`
+	}
+	var istiod struct {
+		MeshConfig struct {
+			ExtensionProviders []struct {
+				HTTP *provider `json:"envoyExtAuthzHttp"`
+				GRPC *provider `json:"envoyExtAuthzGrpc"`
+			} `json:"extensionProviders"`
+		} `json:"meshConfig"`
+	}
+	if err := yaml.Unmarshal(readRepo(t, "deploy/istio/istiod-values.yaml"), &istiod); err != nil {
+		t.Fatal(err)
+	}
+	host := fmt.Sprintf("%s.%s.svc.cluster.local", svc.Name, svc.Namespace)
+	asked := map[string]provider{}
+	for _, p := range istiod.MeshConfig.ExtensionProviders {
+		if p.HTTP != nil {
+			asked["http"] = *p.HTTP
+		}
+		if p.GRPC != nil {
+			asked["grpc"] = *p.GRPC
+		}
+	}
+	for _, p := range []string{"http", "grpc"} {
+		if got, want := asked[p], (provider{host, ports[p]}); got != want {
+			t.Errorf("deploy/istio/istiod-values.yaml's %s provider asks %+v; the chart serves %+v", p, got, want)
+		}
+	}
+	pod := r.deployment.Spec.Template
+	if got := pod.Labels["sidecar.istio.io/inject"]; got != "false" {
+		t.Errorf("sidecar.istio.io/inject = %q, want \"false\"", got)
+	}
+	env := map[string]string{}
+	for _, e := range pod.Spec.Containers[0].Env {
+		env[e.Name] = e.Value
+	}
+	for _, cm := range r.configMaps {
+		if strings.HasSuffix(cm.Name, "-env") {
+			for k, v := range cm.Data {
+				env[k] = v
+			}
+		}
+	}
+	for _, k := range []string{"AUTHLIMIT_GRPC_LISTEN", "AUTHLIMIT_TRUSTED_PROXIES"} {
+		if env[k] != manifest.env[k] {
+			t.Errorf("%s = %q; deploy/envoy-gateway/authlimit.yaml has %q", k, env[k], manifest.env[k])
+		}
+	}
+	normalize := func(rules string) []string {
+		var out []string
+		for _, r := range strings.FieldsFunc(rules, func(c rune) bool { return c == ';' || c == '\n' }) {
+			if f := strings.Fields(r); len(f) > 0 {
+				out = append(out, strings.Join(f, " "))
+			}
+		}
+		return out
+	}
+	if got, want := normalize(r.configMaps["authlimit-rules"].Data["rules.conf"]), normalize(manifest.env["AUTHLIMIT_RULES"]); !reflect.DeepEqual(got, want) {
+		t.Errorf("rules %q; deploy/envoy-gateway/authlimit.yaml has %q", got, want)
 	}
 }

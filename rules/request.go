@@ -292,7 +292,7 @@ func appendLower(dst, b []byte) []byte {
 // a "#" before that "/" ends the host.
 func SplitURL(u []byte) (host, uri []byte, ok bool) {
 	i := bytes.Index(u, schemeSep)
-	if i <= 0 || bytes.IndexAny(u[:i], "/?#") >= 0 {
+	if i <= 0 || bytes.ContainsAny(u[:i], "/?#") {
 		return nil, nil, false
 	}
 	rest := u[i+3:]

@@ -403,7 +403,7 @@ func TestOverrideKeysStayHidden(t *testing.T) {
 			}
 		}
 	}
-	err, said := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": src(secret)})
+	said, err := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": src(secret)})
 	if err != nil {
 		t.Fatalf("-check: %v\n%s", err, said)
 	}

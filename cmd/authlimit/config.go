@@ -78,12 +78,14 @@ type config struct {
 	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"500ms"`
 	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS"` // default in defaultConfig
 	MaxHeaderBytes        int           `env:"MAX_HEADER_BYTES" envDefault:"32768"`
+	MaxBufferedBytes      int64         `env:"MAX_BUFFERED_BYTES" envDefault:"33554432"`
 	MaxConns              int           `env:"MAX_CONNS"` // unset: derived from the open file limit
 	ShutdownTimeout       time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
 	LogLevel              string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat             string        `env:"LOG_FORMAT" envDefault:"json"`
 	PprofListen           string        `env:"PPROF_LISTEN"`
 	GRPCListen            string        `env:"GRPC_LISTEN"`
+	GRPCTrustedPeers      []string      `env:"GRPC_TRUSTED_PEERS"`
 	RLSConfig             string        `env:"RLS_CONFIG"`
 	RLSResponseMetadata   bool          `env:"RLS_RESPONSE_METADATA" envDefault:"false"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
@@ -116,6 +118,7 @@ type settings struct {
 	rulesHash     string // of the rules in force, see rulesHash
 	failMode      guard.FailMode
 	trusted       []netip.Prefix
+	grpcPeers     []netip.Prefix // the peers the gRPC listener serves
 	allow, block  []netip.Prefix
 	logLevel      slog.Level
 	redisOptions  *goredis.UniversalOptions // nil: the embedded memory store
@@ -246,6 +249,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
 	grpcSettings(&c, s, problem)
 	adminSettings(&c, s, problem)
+	memorySettings(&c, problem)
 	topSettings(&c, problem)
 
 	_, rulesSet := environ[envPrefix+"RULES"]
@@ -291,6 +295,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	spoaSettings(&c, s, problem)
 	s.allow = parsePrefixes("ALLOW_CIDRS", c.AllowCIDRs, problem)
 	s.block = parsePrefixes("BLOCK_CIDRS", c.BlockCIDRs, problem)
+	grpcPeerSettings(&c, s, problem)
 
 	if c.DenyStatus < 400 || c.DenyStatus > 599 {
 		problem("DENY_STATUS", fmt.Errorf("%d is not a 4xx or 5xx status (nginx auth_request passes only 401 and 403: use 403 and map it to 429)", c.DenyStatus))
@@ -460,7 +465,7 @@ func redisSettings(c *config, problem func(string, error)) (*goredis.UniversalOp
 			problem("REDIS_MASTER", errors.New("only for sentinel mode"))
 		}
 		if base.DB != 0 {
-			problem("REDIS_URL", errors.New("Redis Cluster has only database 0"))
+			problem("REDIS_URL", errors.New("a Redis Cluster has only database 0"))
 		}
 		if base.Network == "unix" {
 			problem("REDIS_URL", errors.New("cluster mode needs redis:// or rediss:// node addresses"))
@@ -742,6 +747,7 @@ func (s *settings) describe() string {
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
 	s.describeSPOA(w)
+	s.describeGRPCPeers(w)
 	switch {
 	case s.MaxConns > 0:
 		w("max conns", fmt.Sprint(s.MaxConns))
@@ -751,6 +757,7 @@ func (s *settings) describe() string {
 		w("max conns", "no cap: the open file limit is unknown")
 	}
 	s.describeAdmin(w)
+	s.describeMemory(w)
 	s.describeTop(w)
 	suffix := ""
 	switch {

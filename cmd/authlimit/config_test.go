@@ -25,7 +25,7 @@ import (
 
 // checkEnv runs authlimit -check on env and returns everything it said:
 // the error, stdout and stderr.
-func checkEnv(t *testing.T, env map[string]string) (err error, said string) {
+func checkEnv(t *testing.T, env map[string]string) (said string, err error) {
 	t.Helper()
 	var environ []string
 	for k, v := range env {
@@ -37,7 +37,7 @@ func checkEnv(t *testing.T, env map[string]string) (err error, said string) {
 	if err != nil {
 		said += err.Error()
 	}
-	return err, said
+	return said, err
 }
 
 // configErrors returns the problems loadConfig found, by variable.
@@ -91,6 +91,11 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		// once a second.
 		{"breaker max backoff above 1s", map[string]string{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "2s"}, "AUTHLIMIT_BREAKER_MAX_BACKOFF", "2s is not between 1ms and 1s: an open circuit waits up to this long between probes"},
 		{"breaker max backoff zero", map[string]string{"AUTHLIMIT_BREAKER_MAX_BACKOFF": "0s"}, "AUTHLIMIT_BREAKER_MAX_BACKOFF", "0s is not between 1ms and 1s"},
+		{"grpc peers not CIDRs", map[string]string{"AUTHLIMIT_GRPC_LISTEN": ":8081", "AUTHLIMIT_GRPC_TRUSTED_PEERS": "10.0.0.0/8,gateway"}, "AUTHLIMIT_GRPC_TRUSTED_PEERS", `"gateway" is not a CIDR or an IP address`},
+		{"grpc with no proxy trusted and no peers", map[string]string{"AUTHLIMIT_GRPC_LISTEN": ":8081", "AUTHLIMIT_TRUSTED_PROXIES": "none"}, "AUTHLIMIT_GRPC_TRUSTED_PEERS", "unset, and AUTHLIMIT_TRUSTED_PROXIES trusts no one: no peer could call the gRPC port"},
+		{"buffered bytes below 1 MiB", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "65536"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", "65536 is less than 1048576 (1 MiB, and 4 requests of AUTHLIMIT_MAX_HEADER_BYTES)"},
+		{"buffered bytes below 4 header blocks", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "2000000", "AUTHLIMIT_MAX_HEADER_BYTES": "1048576"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", "2000000 is less than 4194304"},
+		{"buffered bytes not a number", map[string]string{"AUTHLIMIT_MAX_BUFFERED_BYTES": "32MiB"}, "AUTHLIMIT_MAX_BUFFERED_BYTES", `"32MiB" is not`},
 		{"breaker backoff above max backoff", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "800ms"}, "AUTHLIMIT_BREAKER_BACKOFF", "800ms is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (500ms)"},
 		{"breaker backoff above max backoff, both set", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "300ms", "AUTHLIMIT_BREAKER_MAX_BACKOFF": "200ms"}, "AUTHLIMIT_BREAKER_BACKOFF", "300ms is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (200ms)"},
 		{"breaker backoff above 1s", map[string]string{"AUTHLIMIT_BREAKER_BACKOFF": "5s"}, "AUTHLIMIT_BREAKER_BACKOFF", "5s is not between 1ms and 1s"},
@@ -98,7 +103,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err, said := checkEnv(t, tc.env)
+			said, err := checkEnv(t, tc.env)
 			var u usageError
 			if !errors.As(err, &u) {
 				t.Fatalf("-check with %v = %v, want a usage error (exit 2)", tc.env, err)
@@ -142,7 +147,7 @@ func TestCheckHeaders(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err, said := checkEnv(t, tc.env)
+			said, err := checkEnv(t, tc.env)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -264,7 +269,7 @@ func TestRedisURLNeverShowsCredentials(t *testing.T) {
 			}
 			url := "redis://" + tc.userinfo + "@" + host + "/0"
 			env := map[string]string{"AUTHLIMIT_REDIS_URL": url, "AUTHLIMIT_RULES": "name=a limit=1/1m"}
-			err, said := checkEnv(t, env)
+			said, err := checkEnv(t, env)
 			if tc.valid != (err == nil) {
 				t.Fatalf("-check with AUTHLIMIT_REDIS_URL=%s: %v, want valid %v", url, err, tc.valid)
 			}
@@ -410,7 +415,7 @@ func TestCheckRulesThatNeverWork(t *testing.T) {
 		{`name=api key=header:K limit=1/1m; tier rule=api name=pro limit=2/1m`, `AUTHLIMIT_RULES: tier 1 "pro" of rule "api": rule "api": the rule reads no tier`},
 		{`name=api key=header:K limit=1/1m; override rule=api key=k1 limit=2/1x`, `AUTHLIMIT_RULES: override 1 of rule "api": limit "2/1x": unknown unit "x"`},
 	} {
-		err, said := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": tc.rules})
+		said, err := checkEnv(t, map[string]string{"AUTHLIMIT_RULES": tc.rules})
 		var u usageError
 		if !errors.As(err, &u) || !strings.Contains(said, tc.want) {
 			t.Errorf("-check with %q = %v, want a usage error saying %q:\n%s", tc.rules, err, tc.want, said)

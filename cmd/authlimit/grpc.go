@@ -19,6 +19,7 @@ import (
 	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // grpcSettings reads AUTHLIMIT_GRPC_LISTEN and AUTHLIMIT_RLS_CONFIG: the
@@ -115,7 +116,7 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
 	}
-	f := &grpcFront{server: newGRPCServer(a.connCap, a.conns.grpcAccepted, a.log), health: grpcwire.NewHealth(), listener: l,
+	f := &grpcFront{server: newGRPCServer(s, a.connCap, a.budget, a.conns.grpcAccepted, newRefusedPeers(reg, a.log), a.log), health: grpcwire.NewHealth(), listener: l,
 		stopWatch: make(chan struct{}), watched: make(chan struct{})}
 	if err := a.registerServices(f.server, f.health, s); err != nil {
 		_ = l.Close()
@@ -128,17 +129,23 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	return nil
 }
 
-// newGRPCServer is authlimit's gRPC server: h2c, the connection cap it
-// shares with the decision listener, the count of its connections, and its
-// timeouts (a Check held by a shaping rule is answered within the write
-// timeout).
-func newGRPCServer(conns *conncap.Cap, accepted prometheus.Counter, log *slog.Logger) *grpcwire.Server {
+// newGRPCServer is authlimit's gRPC server: h2c, the peers it serves,
+// the connection cap and the memory budget it shares with the decision
+// listener, the count of its connections, and its timeouts (a Check held
+// by a shaping rule is answered within the write timeout; a request
+// arrives whole within the read timeout, as an HTTP request's headers
+// must).
+func newGRPCServer(s *settings, conns *conncap.Cap, budget *membudget.Budget, accepted prometheus.Counter, refused *refusedPeers, log *slog.Logger) *grpcwire.Server {
 	return grpcwire.NewServer(grpcwire.Options{
-		Conns:        conns,
-		Accepted:     accepted.Inc,
-		IdleTimeout:  serverTimeouts.Idle,
-		WriteTimeout: serverTimeouts.Write,
-		Log:          log,
+		Peers:          s.grpcPeers,
+		Refused:        refused.refused,
+		Conns:          conns,
+		Budget:         budget,
+		Accepted:       accepted.Inc,
+		IdleTimeout:    serverTimeouts.Idle,
+		WriteTimeout:   serverTimeouts.Write,
+		RequestTimeout: serverTimeouts.Read,
+		Log:            log,
 	})
 }
 

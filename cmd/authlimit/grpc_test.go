@@ -73,7 +73,7 @@ func TestGRPCConfigErrors(t *testing.T) {
 			`AUTHLIMIT_RLS_CONFIG: ` + bad + `:6: domain "d": descriptor "j": rate_limt: unknown field (did you mean "rate_limit"?)`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err, said := checkEnv(t, tc.env)
+			said, err := checkEnv(t, tc.env)
 			var u usageError
 			if !errors.As(err, &u) {
 				t.Fatalf("-check = %v, want a usage error", err)

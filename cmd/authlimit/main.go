@@ -37,6 +37,7 @@ import (
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/internal/conncap"
 	"github.com/authlimit/authlimit/internal/httpconn"
+	"github.com/authlimit/authlimit/internal/membudget"
 	"github.com/authlimit/authlimit/rules"
 	"github.com/authlimit/authlimit/store/redis"
 )
@@ -93,6 +94,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	}
 
 	log := newLogger(s, stderr)
+	setRuntimeLimit(envMap(environ), log)
 	if fdErr != nil {
 		log.Warn("could not raise the open file limit", "err", fdErr, "limit", fdLimit)
 	}
@@ -184,6 +186,9 @@ type app struct {
 	// connCap is AUTHLIMIT_MAX_CONNS over the decision listener and the
 	// gRPC listener together.
 	connCap *conncap.Cap
+	// budget is AUTHLIMIT_MAX_BUFFERED_BYTES over every port's
+	// unfinished requests.
+	budget *membudget.Budget
 	// stopping is closed when shutdown begins: it ends the holds of shaped
 	// requests (see hold).
 	stopping chan struct{}
@@ -309,6 +314,9 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	}
 	reg.MustRegister(a.conns.accepted, a.conns.grpcAccepted, a.conns.rejected, a.conns.acceptErrors)
 	a.connCap = conncap.New(s.maxConns, a.conns.rejected.Inc)
+	stopReleaser := make(chan struct{})
+	a.closers = append(a.closers, func() error { close(stopReleaser); return nil })
+	a.budget = newBudget(s, reg, func() int64 { return int64(a.connCap.Open()) }, stopReleaser)
 	var policies []*algo.Policy
 	for _, r := range s.rules {
 		policies = append(policies, r.Policies()...)

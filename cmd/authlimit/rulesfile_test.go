@@ -69,7 +69,7 @@ func TestRulesFileConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err, said := checkEnv(t, tt.env)
+			said, err := checkEnv(t, tt.env)
 			if err == nil {
 				t.Fatalf("-check passed:\n%s", said)
 			}

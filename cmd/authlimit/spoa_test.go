@@ -61,11 +61,11 @@ func TestSPOAConfig(t *testing.T) {
 	if len(errs["AUTHLIMIT_SPOA_LISTEN"]) != 1 || !strings.Contains(errs["AUTHLIMIT_SPOA_LISTEN"][0], "AUTHLIMIT_TRUSTED_PROXIES is none") {
 		t.Errorf("SPOA_LISTEN without trusted proxies: %v", errs)
 	}
-	err, said := checkEnv(t, map[string]string{"AUTHLIMIT_SPOA_LISTEN": "127.0.0.1:12345"})
+	said, err := checkEnv(t, map[string]string{"AUTHLIMIT_SPOA_LISTEN": "127.0.0.1:12345"})
 	if err != nil || !strings.Contains(said, "spoa             127.0.0.1:12345") {
 		t.Errorf("-check: %v\n%s", err, said)
 	}
-	if _, said := checkEnv(t, nil); !strings.Contains(said, "spoa             off") {
+	if said, _ := checkEnv(t, nil); !strings.Contains(said, "spoa             off") {
 		t.Errorf("-check without SPOA: %s", said)
 	}
 }

@@ -25,8 +25,7 @@ const maxPendingStream = 1 << 20
 // handler runs (on the reader).
 func (c *conn) answerEarly(s *stream, st *status.Status, ended bool) {
 	s.rd.ended = true
-	putBuf(s.req)
-	s.req = nil
+	c.freeReq(s)
 	c.mu.Lock()
 	s.ctx.endLocked(context.Canceled)
 	delete(c.sh.streams, s.id)
@@ -44,7 +43,7 @@ func (c *conn) answerEarly(s *stream, st *status.Status, ended bool) {
 // reader): from here the request's bytes are the handler's.
 func (c *conn) endRequest(s *stream) error {
 	s.rd.ended = true
-	b := *s.req
+	b := reqBytes(s)
 	c.release(len(b))
 	var st *status.Status
 	switch {
@@ -65,6 +64,7 @@ func (c *conn) endRequest(s *stream) error {
 	c.mu.Lock()
 	if s.sh.reset {
 		c.mu.Unlock()
+		c.freeReq(s)
 		return nil
 	}
 	s.sh.handling = true
@@ -197,8 +197,7 @@ func errStatus(err error) *status.Status {
 
 // respond writes a call's answer: out's message then OK, or st.
 func (c *conn) respond(s *stream, out *[]byte, st *status.Status) {
-	putBuf(s.req)
-	s.req = nil
+	c.freeReq(s)
 	c.mu.Lock()
 	c.respondLocked(s, out, st)
 	c.flushFor(s)

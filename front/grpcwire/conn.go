@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // clientPreface opens every HTTP/2 connection (RFC 9113, section 3.4).
@@ -29,8 +31,11 @@ const (
 	maxKeptBlock = 1024
 )
 
-// Buffers of response messages and of requests.
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+// Buffers of response messages and of requests, of at least minBuf
+// bytes.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, minBuf); return &b }}
+
+const minBuf = 1024
 
 // keptBuf is the largest buffer put back in bufPool.
 const keptBuf = 64 << 10
@@ -48,7 +53,7 @@ func putBuf(b *[]byte) {
 // conn is one served connection. Its fields are grouped by who may touch
 // them:
 //
-//   - srv and nc never change;
+//   - srv, nc and hold never change;
 //   - rd is the reading goroutine's alone (serve, and what it calls): it
 //     takes no lock;
 //   - sh, and raw, are shared by the reader, the handlers and whoever
@@ -60,8 +65,9 @@ func putBuf(b *[]byte) {
 // the socket, as sync.Cond's Wait does, and take it again before they
 // return.
 type conn struct {
-	srv *Server
-	nc  net.Conn
+	srv  *Server
+	nc   net.Conn
+	hold *membudget.Holder // the connection's share of Options.Budget
 
 	rd readerState
 
@@ -89,8 +95,18 @@ type readerState struct {
 	lastHdr    reqHeaders
 	connUnused int  // the connection's received bytes not yet returned
 	connRecv   int  // bytes received on the connection's window
-	opened     int  // streams opened since the read deadline was last set
+	opened     int  // streams opened since the last check (see keepReading)
 	flooded    bool // too many control frames wait: the connection ends
+	// blockCharged is what block's buffer counts in the budget.
+	blockCharged int64
+	// tick counts the read deadlines passed, every requestTick; checked
+	// is the tick of the last check of the connection's timeouts.
+	tick, checked uint64
+	// idleFrames counts the frames that moved nothing forward since
+	// idleSince (see idleFrame).
+	idleFrames    int
+	idleSince     time.Time
+	settingsAcked bool // the client acknowledged the server's SETTINGS
 }
 
 // sharedState is what the reader, the handlers and the writers share,
@@ -121,15 +137,18 @@ type sharedState struct {
 // stream is one call. Its fields are grouped as conn's are: id, m and
 // async are set before the call starts and never change; rd is the
 // reader's; sh is under the connection's mu. req, the request's bytes,
-// is the reader's until the request has ended (rd.ended), then the
-// handler's, which returns it to the pool when it answers.
+// and charged are the reader's until the request has ended (rd.ended),
+// then the handler's, which lets go of them when it answers (freeReq).
 type stream struct {
 	id    uint32
 	m     *method
 	async bool    // answered by its Reply: see flushFor
 	ctx   callCtx // its fields under the connection's mu
 	reply Reply   // an asynchronous call's
-	req   *[]byte // the request's bytes as received
+	req   *[]byte // the request's bytes as received; nil before the first
+	// charged is what the stream counts in the budget: streamCost and
+	// req's capacity.
+	charged int64
 
 	rd streamReader
 	sh streamShared
@@ -137,10 +156,11 @@ type stream struct {
 
 // streamReader is what only the reader touches of a stream.
 type streamReader struct {
-	recvUsed  int  // bytes received on the stream's window
-	recvAcked int  // of those, returned
-	ended     bool // the client's side ended
-	stale     bool // no DATA came since the reader last looked
+	recvUsed  int    // bytes received on the stream's window
+	recvAcked int    // of those, returned
+	ended     bool   // the client's side ended
+	stale     bool   // no DATA came since the reader last looked
+	openTick  uint64 // c.rd.tick when the stream opened
 }
 
 // streamShared is what the reader, the handler and the writers share of
@@ -159,6 +179,7 @@ type streamShared struct {
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{srv: s, nc: nc}
+	c.hold = s.opts.Budget.Holder(func() { go c.evicted() })
 	c.sh = sharedState{streams: map[uint32]*stream{}, sendWindow: defaultWindow, peerWindow: defaultWindow, maxFrame: readFrameSize}
 	c.sh.flushed.L = &c.mu
 	c.raw.conn, c.raw.fn = rawWriter(&c.raw, nc)
@@ -199,7 +220,48 @@ func isTimeout(err error) bool {
 
 // keepReading decides, when the read deadline passed, whether the
 // connection goes on, and sets the next deadline if so (on the reader).
+// The deadline passes every requestTick: each time, a request that has
+// not ended RequestTimeout after its HEADERS is reset (CANCEL); every
+// readInterval, the connection's other timeouts are looked at (see
+// checkTimeouts).
 func (c *conn) keepReading() bool {
+	rd := &c.rd
+	rd.tick++
+	tick := c.requestTick()
+	limit := uint64(c.srv.opts.RequestTimeout / tick)
+	var late []uint32
+	c.mu.Lock()
+	for id, s := range c.sh.streams {
+		if !s.rd.ended && rd.tick-s.rd.openTick > limit {
+			late = append(late, id)
+		}
+	}
+	closing := c.sh.closing || c.sh.closed
+	c.mu.Unlock()
+	if closing {
+		return false
+	}
+	for _, id := range late {
+		c.resetStream(id, http2.ErrCodeCancel)
+	}
+	if time.Duration(rd.tick-rd.checked)*tick < c.readInterval() {
+		return c.nc.SetReadDeadline(time.Now().Add(tick)) == nil
+	}
+	rd.checked = rd.tick
+	return c.checkTimeouts()
+}
+
+// requestTick is how often the reader looks at the requests' timeouts:
+// a quarter of RequestTimeout, so that a request is reset within a
+// quarter more than it, or the readInterval if shorter.
+func (c *conn) requestTick() time.Duration {
+	return min(c.srv.opts.RequestTimeout/4, c.readInterval())
+}
+
+// checkTimeouts looks, every readInterval, at a connection's idleness,
+// its responses waiting for a window and its requests that get no
+// bytes, and reports whether it goes on.
+func (c *conn) checkTimeouts() bool {
 	opened := c.rd.opened
 	c.rd.opened = 0
 	c.mu.Lock()
@@ -231,7 +293,7 @@ func (c *conn) keepReading() bool {
 		c.goAway()
 		return c.nc.SetReadDeadline(time.Now().Add(drainTime)) == nil
 	}
-	return c.nc.SetReadDeadline(time.Now().Add(c.readInterval())) == nil
+	return c.nc.SetReadDeadline(time.Now().Add(c.requestTick())) == nil
 }
 
 // readInterval is how often the reader looks at the connection's timeouts.
@@ -250,6 +312,7 @@ func (e connError) Error() string { return fmt.Sprintf("connection error %v: %s"
 // serve reads the connection's frames until it ends.
 func (c *conn) serve() {
 	defer c.srv.forget(c)
+	defer c.endReader()
 	err := c.readFrames()
 	var ce connError
 	var he http2.ConnectionError
@@ -336,7 +399,7 @@ func (c *conn) readFrames() error {
 	if err := c.settings(sf); err != nil {
 		return err
 	}
-	if err := c.nc.SetReadDeadline(time.Now().Add(c.readInterval())); err != nil {
+	if err := c.nc.SetReadDeadline(time.Now().Add(c.requestTick())); err != nil {
 		return err
 	}
 	for {
@@ -347,6 +410,9 @@ func (c *conn) readFrames() error {
 				c.resetStream(se.StreamID, se.Code)
 				if c.rd.flooded {
 					return errFlood
+				}
+				if err := c.idleFrame(); err != nil {
+					return err
 				}
 				continue
 			}

@@ -54,9 +54,16 @@ func (c *conn) data(f *http2.DataFrame) error {
 	}
 	data := f.Data()
 	c.release(n - len(data)) // padding
-	*s.req = append(*s.req, data...)
+	if !c.reserve(s, data) {
+		c.release(len(reqBytes(s)) + len(data))
+		c.answerEarly(s, errBudget, f.StreamEnded())
+		return nil
+	}
+	if len(data) > 0 {
+		*s.req = append(*s.req, data...)
+	}
 	if st := c.checkMessage(s); st != nil {
-		c.release(len(*s.req))
+		c.release(len(reqBytes(s)))
 		c.answerEarly(s, st, f.StreamEnded())
 		return nil
 	}
@@ -93,7 +100,7 @@ func (c *conn) release(n int) {
 // checkMessage looks at a request's bytes as they come: a message larger
 // than the limit, or a second one, is answered at once.
 func (c *conn) checkMessage(s *stream) *status.Status {
-	b := *s.req
+	b := reqBytes(s)
 	if len(b) < 5 {
 		return nil
 	}
@@ -115,7 +122,8 @@ func (c *conn) discard(id uint32) {
 	c.mu.Unlock()
 	if s != nil && !s.rd.ended {
 		s.rd.ended = true
-		c.release(len(*s.req))
+		c.release(len(reqBytes(s)))
+		c.freeReq(s)
 	}
 }
 
@@ -138,6 +146,10 @@ func (c *conn) windowUpdate(f *http2.WindowUpdateFrame) error {
 	} else if f.StreamID > c.sh.maxStream {
 		c.mu.Unlock()
 		return connError{http2.ErrCodeProtocol, "WINDOW_UPDATE on an idle stream"}
+	} else {
+		// A stream that is gone.
+		c.mu.Unlock()
+		return c.idleFrame()
 	}
 	c.pushBlockedLocked()
 	c.flushLocked()

@@ -3,6 +3,7 @@ package grpcwire
 import (
 	"context"
 	"errors"
+	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -13,14 +14,62 @@ import (
 // off.
 const maxQueuedControl = 10000
 
+// Frames that cost the server work and move nothing forward: a PING, a
+// SETTINGS after the first, an acknowledgement never asked for, an empty
+// CONTINUATION or DATA that ends nothing, PRIORITY (ignored here), an
+// unknown type, a WINDOW_UPDATE or RST_STREAM for a stream that is gone,
+// a frame that only earns its stream a reset. A client may send a few,
+// as keep-alives and leftovers of a race; more than maxIdleFrames within
+// idleWindow end the connection (GOAWAY ENHANCE_YOUR_CALM), as x/net's
+// server ends a CONTINUATION flood and grpc-go's a client that pings too
+// often.
+const (
+	maxIdleFrames = 1000
+	idleWindow    = time.Second
+)
+
+// errIdleFlood ends a connection that sends frames without progress.
+var errIdleFlood = connError{http2.ErrCodeEnhanceYourCalm, "too many frames that move nothing forward"}
+
+// idleFrame counts a frame that moves nothing forward (on the reader).
+// The clock is read at the first of a window's frames and at its
+// maxIdleFrames-th, not for each.
+func (c *conn) idleFrame() error {
+	rd := &c.rd
+	rd.idleFrames++
+	switch {
+	case rd.idleFrames == 1:
+		rd.idleSince = time.Now()
+	case rd.idleFrames > maxIdleFrames:
+		if time.Since(rd.idleSince) < idleWindow {
+			return errIdleFlood
+		}
+		rd.idleFrames, rd.idleSince = 1, time.Now()
+	}
+	return nil
+}
+
 // frame handles one frame (on the reader).
 func (c *conn) frame(f http2.Frame) error {
 	switch f := f.(type) {
 	case *http2.DataFrame:
+		if f.Length == 0 && !f.StreamEnded() {
+			if err := c.idleFrame(); err != nil {
+				return err
+			}
+		}
 		return c.data(f)
 	case *http2.HeadersFrame:
 		if f.StreamID%2 == 0 {
 			return connError{http2.ErrCodeProtocol, "even stream id"}
+		}
+		if len(f.HeaderBlockFragment()) == 0 && !f.HeadersEnded() {
+			if err := c.idleFrame(); err != nil {
+				return err
+			}
+		}
+		if !c.growBlock(len(f.HeaderBlockFragment()), false) {
+			return errBlockBudget
 		}
 		c.rd.block = append(c.rd.block[:0], f.HeaderBlockFragment()...)
 		c.rd.blockID, c.rd.blockEnd = f.StreamID, f.StreamEnded()
@@ -29,17 +78,37 @@ func (c *conn) frame(f http2.Frame) error {
 		}
 		return c.checkBlock()
 	case *http2.ContinuationFrame:
+		if len(f.HeaderBlockFragment()) == 0 && !f.HeadersEnded() {
+			if err := c.idleFrame(); err != nil {
+				return err
+			}
+		}
+		if !c.growBlock(len(f.HeaderBlockFragment()), true) {
+			return errBlockBudget
+		}
 		c.rd.block = append(c.rd.block, f.HeaderBlockFragment()...)
 		if f.HeadersEnded() {
 			return c.headers()
 		}
 		return c.checkBlock()
 	case *http2.SettingsFrame:
+		// The server sends one SETTINGS, acknowledged once; the client's
+		// first came with its preface.
+		if !f.IsAck() || c.rd.settingsAcked {
+			if err := c.idleFrame(); err != nil {
+				return err
+			}
+		}
 		if f.IsAck() {
+			c.rd.settingsAcked = true
 			return nil
 		}
 		return c.settings(f)
 	case *http2.PingFrame:
+		// The server sends no PING: an ACK answers nothing.
+		if err := c.idleFrame(); err != nil {
+			return err
+		}
 		if f.IsAck() {
 			return nil
 		}
@@ -54,6 +123,12 @@ func (c *conn) frame(f http2.Frame) error {
 	case *http2.RSTStreamFrame:
 		return c.rstStream(f)
 	case *http2.GoAwayFrame:
+		c.mu.Lock()
+		again := c.sh.peerGone
+		c.mu.Unlock()
+		if again {
+			return c.idleFrame()
+		}
 		c.mu.Lock()
 		c.sh.peerGone = true
 		if c.sh.active == 0 {
@@ -70,7 +145,7 @@ func (c *conn) frame(f http2.Frame) error {
 		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE from a client"}
 	default:
 		// PRIORITY and unknown frame types are ignored (section 5.5).
-		return nil
+		return c.idleFrame()
 	}
 }
 
@@ -86,6 +161,10 @@ func (c *conn) controlLocked() error {
 	c.flushLocked()
 	return nil
 }
+
+// errBlockBudget ends a connection whose header block finds no room in
+// the memory budget.
+var errBlockBudget = connError{http2.ErrCodeEnhanceYourCalm, "header block beyond the memory budget"}
 
 // errFlood ends a connection whose client does not read the answers to
 // its control frames.
@@ -136,10 +215,14 @@ func (c *conn) rstStream(f *http2.RSTStreamFrame) error {
 	if f.StreamID > c.sh.maxStream {
 		return connError{http2.ErrCodeProtocol, "RST_STREAM on an idle stream"}
 	}
-	if s := c.sh.streams[f.StreamID]; s != nil {
+	s := c.sh.streams[f.StreamID]
+	if s != nil {
 		c.dropLocked(s)
 	}
 	c.flushLocked()
+	if s == nil {
+		return c.idleFrame()
+	}
 	return nil
 }
 

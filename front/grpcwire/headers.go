@@ -54,9 +54,7 @@ func (c *conn) headers() error {
 	} else {
 		rd.hdr = rd.lastHdr
 	}
-	if cap(rd.block) > 64<<10 {
-		rd.block = nil
-	}
+	c.dropBlock()
 	c.mu.Lock()
 	if s := c.sh.streams[id]; s != nil {
 		// Trailers from the client: they must end the stream.
@@ -128,7 +126,12 @@ func (c *conn) headers() error {
 			return nil
 		}
 	}
-	s := &stream{id: id, m: m, req: getBuf()}
+	if !c.hold.Take(streamCost) {
+		c.abort(id, errBudget, 200)
+		return nil
+	}
+	s := &stream{id: id, m: m, charged: streamCost}
+	s.rd.openTick = rd.tick
 	s.sh.counted = true
 	s.ctx.c = c
 	if h.timeout != "" {

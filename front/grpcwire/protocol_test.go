@@ -64,7 +64,6 @@ func TestRawGRPCSemantics(t *testing.T) {
 			r := rawDial(t, addr)
 			headers := tc.headers
 			if tc.name == "unknown pseudo" {
-				headers = grpcHeaders(echoPath, ":protocol", "x")
 				// :protocol after regular fields would be the other
 				// case: put it first.
 				headers = append([]string{":protocol", "x"}, grpcHeaders(echoPath)...)

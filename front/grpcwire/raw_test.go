@@ -28,6 +28,8 @@ type raw struct {
 	settings map[http2.SettingID]uint32
 	// answers are the streams read so far.
 	answers map[uint32]*answer
+	// open is a header block left open, for a test to end.
+	open []byte
 }
 
 // rawDial connects, sends the preface and settings, and reads the
@@ -35,6 +37,15 @@ type raw struct {
 func rawDial(t *testing.T, addr string, settings ...http2.Setting) *raw {
 	t.Helper()
 	r := rawConnect(t, addr)
+	r.handshake(settings...)
+	return r
+}
+
+// handshake sends the preface and settings, and reads the server's
+// SETTINGS.
+func (r *raw) handshake(settings ...http2.Setting) {
+	t := r.t
+	t.Helper()
 	if _, err := io.WriteString(r.c, clientPreface); err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +62,6 @@ func rawDial(t *testing.T, addr string, settings ...http2.Setting) *raw {
 	if err := r.fr.WriteSettingsAck(); err != nil {
 		t.Fatal(err)
 	}
-	return r
 }
 
 // rawConnect connects and sends nothing.
@@ -62,6 +72,11 @@ func rawConnect(t *testing.T, addr string) *raw {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
+	return rawConnectConn(t, c)
+}
+
+// rawConnectConn is a raw client on c.
+func rawConnectConn(t *testing.T, c net.Conn) *raw {
 	r := &raw{t: t, c: c}
 	r.fr = http2.NewFramer(c, c)
 	r.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/authlimit/authlimit/internal/acceptwait"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // ErrServerStopped is Serve's error once Stop or GracefulStop was called.
@@ -29,6 +31,7 @@ const (
 	DefaultPrefaceTimeout       = 10 * time.Second
 	DefaultIdleTimeout          = 5 * time.Minute
 	DefaultWriteTimeout         = 10 * time.Second
+	DefaultRequestTimeout       = 10 * time.Second
 )
 
 // Options bound what a client may hold of the server. Zero fields take
@@ -55,6 +58,14 @@ type Options struct {
 	// Accepted, if set, is called for each connection the server keeps
 	// (not for those closed at once beyond the cap).
 	Accepted func()
+	// Peers, if not empty, are the only addresses a connection is served
+	// from: one from elsewhere is closed at once, before a byte of it is
+	// read, and Refused, if set, is called with its address. The calls'
+	// messages name the client a call is for (Check's source address,
+	// ShouldRateLimit's descriptors): a peer that may call may spend any
+	// client's quota.
+	Peers   []netip.Prefix
+	Refused func(net.Addr)
 	// PrefaceTimeout bounds a new connection's wait for the client's
 	// preface and first SETTINGS.
 	PrefaceTimeout time.Duration
@@ -65,6 +76,17 @@ type Options struct {
 	// half of it), and how long a response may wait for the client to
 	// open its flow-control window.
 	WriteTimeout time.Duration
+	// RequestTimeout bounds a request, from its HEADERS to the end of its
+	// message: one that takes longer is reset (CANCEL), within a quarter
+	// more. Envoy sends a call whole at once.
+	RequestTimeout time.Duration
+	// Budget, if set, bounds the memory every connection's unfinished
+	// calls hold together, with the other ports' (see package
+	// membudget): each open stream, its request's buffer, and a header
+	// block larger than a frame. A call that finds no room is answered
+	// RESOURCE_EXHAUSTED at once; a connection that holds the most when
+	// another's call needs room is closed.
+	Budget *membudget.Budget
 	//
 	// The connection's reader looks at these every interval of
 	// min(IdleTimeout, max(WriteTimeout, 1s)): a connection idle for a
@@ -96,6 +118,9 @@ func (o *Options) fill() {
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = DefaultRequestTimeout
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -380,6 +405,13 @@ func (s *Server) Serve(l net.Listener) error {
 			continue
 		}
 		wait = 0
+		if !s.trusts(nc.RemoteAddr()) {
+			if s.opts.Refused != nil {
+				s.opts.Refused(nc.RemoteAddr())
+			}
+			_ = nc.Close()
+			continue
+		}
 		if !s.opts.Conns.Take() {
 			_ = nc.Close()
 			continue
@@ -400,6 +432,25 @@ func (s *Server) Serve(l net.Listener) error {
 		}
 		go c.serve()
 	}
+}
+
+// trusts reports whether a connection from a is served: Options.Peers
+// holds it, or is empty.
+func (s *Server) trusts(a net.Addr) bool {
+	if len(s.opts.Peers) == 0 {
+		return true
+	}
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	for _, p := range s.opts.Peers {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // forget drops a closed connection.

@@ -2,15 +2,11 @@ package grpcwire
 
 import (
 	"bytes"
-	"context"
-	"crypto/tls"
 	"io"
-	"net"
 	"net/http"
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -96,13 +92,12 @@ func TestHpackBlocks(t *testing.T) {
 	}
 }
 
-// TestXNetTransport: golang.org/x/net/http2's client, in clear text,
-// makes a call and reads its trailers.
-func TestXNetTransport(t *testing.T) {
+// TestNetHTTPTransport: net/http's HTTP/2 client (x/net's, bundled), in
+// clear text with prior knowledge, makes a call and reads its trailers.
+func TestNetHTTPTransport(t *testing.T) {
 	_, _, _, addr := testServer(t, Options{})
-	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, network, addr)
-	}}
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
 	defer tr.CloseIdleConnections()
 	body := message(t, &wrapperspb.BytesValue{Value: []byte("x/net")})
 	req, err := http.NewRequest("POST", "http://"+addr+echoPath, bytes.NewReader(body))
@@ -120,8 +115,8 @@ func TestXNetTransport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.StatusCode != 200 || !bytes.Equal(got, body) || resp.Trailer.Get("Grpc-Status") != "0" {
-		t.Errorf("answer %d %q trailers %v, want 200, the message back and grpc-status 0", resp.StatusCode, got, resp.Trailer)
+	if resp.ProtoMajor != 2 || resp.StatusCode != 200 || !bytes.Equal(got, body) || resp.Trailer.Get("Grpc-Status") != "0" {
+		t.Errorf("answer %s %d %q trailers %v, want HTTP/2.0 200, the message back and grpc-status 0", resp.Proto, resp.StatusCode, got, resp.Trailer)
 	}
 }
 

@@ -506,7 +506,7 @@ func TestHeaders(t *testing.T) {
 		t.Errorf("Retry-After on an admitted request")
 	}
 	for i := 0; i < 20; i++ {
-		r = e.ask(t, "another", desc("key2", "hd2"))
+		e.ask(t, "another", desc("key2", "hd2"))
 	}
 	r = e.ask(t, "another", desc("key2", "hd2"))
 	found := false

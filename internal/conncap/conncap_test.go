@@ -15,7 +15,7 @@ func TestCap(t *testing.T) {
 			t.Fatalf("take %d of 3 refused", i+1)
 		}
 	}
-	if c.Take() || c.Take() {
+	if fourth, fifth := c.Take(), c.Take(); fourth || fifth {
 		t.Fatal("a 4th connection taken with a cap of 3")
 	}
 	if refused != 2 {

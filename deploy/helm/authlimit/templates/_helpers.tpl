@@ -65,3 +65,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Where the rules ConfigMap is mounted: a directory, never a subPath, so
 that the kubelet's updates (a swap of its ..data symlink) reach the pod. */}}
 {{- define "authlimit.rulesDir" -}}/etc/authlimit/rules{{- end -}}
+
+{{/* Where envoyproxy/ratelimit's ConfigMap is mounted: a directory too. */}}
+{{- define "authlimit.rlsDir" -}}/etc/authlimit/rls{{- end -}}

@@ -1,0 +1,157 @@
+package grpcwire
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc/codes"
+
+	"github.com/authlimit/authlimit/internal/membudget"
+)
+
+// halfSend opens a call on stream id announcing a message of size bytes
+// and sends sent bytes of it, never finishing it.
+func (r *raw) halfSend(id uint32, size, sent int) {
+	r.t.Helper()
+	r.headers(id, false, grpcHeaders(echoPath)...)
+	b := append([]byte{0, byte(size >> 24), byte(size >> 16), byte(size >> 8), byte(size)}, bytes.Repeat([]byte{'x'}, sent-5)...)
+	r.data(id, b, false)
+}
+
+// waitUsed waits until the budget holds want bytes.
+func waitUsed(t *testing.T, b *membudget.Budget, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Used() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("the budget holds %d, want %d", b.Used(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestBudgetEvictsTheHoarder: a connection whose unfinished calls hold
+// most of the budget is closed when another connection's call needs room,
+// and that call is answered; every byte comes back to the budget.
+func TestBudgetEvictsTheHoarder(t *testing.T) {
+	// The hoarder's 7 calls hold 7 buffers of 128 KiB and their streams
+	// (921,088 bytes), and needed 986,624 at most, while the last buffer
+	// grew from 64 KiB; the other's call of 40 KiB needs its stream and a
+	// buffer of 64 KiB (66,048 more).
+	b := membudget.New(986624 + 256)
+	_, _, _, addr := testServer(t, Options{Budget: b})
+	hoard := rawDial(t, addr)
+	for i := range 7 {
+		hoard.halfSend(uint32(2*i+1), 200<<10, 120<<10)
+	}
+	waitUsed(t, b, 7*(128<<10+streamCost))
+	r := rawDial(t, addr)
+	r.call(1, string(bytes.Repeat([]byte{'y'}, 40<<10)))
+	if a := r.answer(1); a.grpcStatus != "0" {
+		t.Fatalf("the call that needed room: %+v, want OK", a)
+	}
+	if !hoard.closed() {
+		t.Error("the hoarding connection is still open")
+	}
+	if got := b.Evictions(); got != 1 {
+		t.Errorf("evictions %d, want 1", got)
+	}
+	waitUsed(t, b, 0)
+}
+
+// TestBudgetRefusesACall: a call that finds no room, with no connection
+// holding enough to make it, is answered RESOURCE_EXHAUSTED, and the
+// connection goes on.
+func TestBudgetRefusesACall(t *testing.T) {
+	b := membudget.New(8 << 10)
+	_, _, _, addr := testServer(t, Options{Budget: b})
+	r := rawDial(t, addr)
+	r.call(1, string(bytes.Repeat([]byte{'z'}, 16<<10)))
+	if a := r.answer(1); a.grpcStatus != code(codes.ResourceExhausted) {
+		t.Fatalf("a call larger than the budget: %+v, want RESOURCE_EXHAUSTED", a)
+	}
+	r.call(3, "small")
+	if a := r.answer(3); a.grpcStatus != "0" {
+		t.Fatalf("a small call after it: %+v, want OK", a)
+	}
+	waitUsed(t, b, 0)
+	if got := b.Evictions(); got != 0 {
+		t.Errorf("evictions %d, want 0", got)
+	}
+}
+
+// TestBudgetHeaderBlock: a header block that grows beyond a frame counts
+// in the budget; one beyond it ends the connection (ENHANCE_YOUR_CALM).
+func TestBudgetHeaderBlock(t *testing.T) {
+	b := membudget.New(32 << 10)
+	_, _, _, addr := testServer(t, Options{Budget: b})
+	r := rawDial(t, addr)
+	block := r.block(grpcHeaders(echoPath)...)
+	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:1]}); err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		if err := r.fr.WriteContinuation(1, false, bytes.Repeat([]byte{0}, 16<<10)); err != nil {
+			break
+		}
+	}
+	if g := r.goAway(); g.ErrCode != http2.ErrCodeEnhanceYourCalm {
+		t.Errorf("GOAWAY %v, want ENHANCE_YOUR_CALM", g.ErrCode)
+	}
+	waitUsed(t, b, 0)
+}
+
+// TestRequestTimeout: a request that has not ended RequestTimeout after
+// its HEADERS is reset (CANCEL), though bytes keep coming, and what it
+// held comes back to the budget.
+func TestRequestTimeout(t *testing.T) {
+	b := membudget.New(1 << 20)
+	_, _, _, addr := testServer(t, Options{Budget: b, RequestTimeout: 400 * time.Millisecond})
+	r := rawDial(t, addr)
+	r.headers(1, false, grpcHeaders(echoPath)...)
+	_ = r.fr.WriteData(1, false, []byte{0, 0, 0, 1, 0})
+	start := time.Now()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		// A trickle: a byte every 50 ms keeps the request from looking
+		// stalled.
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				_ = r.fr.WriteData(1, false, []byte{'t'})
+			}
+		}
+	}()
+	a := r.answer(1)
+	if !a.reset || a.rst != http2.ErrCodeCancel {
+		t.Fatalf("a request past RequestTimeout: %+v, want RST_STREAM CANCEL", a)
+	}
+	if took := time.Since(start); took < 400*time.Millisecond {
+		t.Errorf("reset after %v, before the timeout", took)
+	}
+	waitUsed(t, b, 0)
+}
+
+// TestBudgetAccounts: calls of every outcome (answered, refused early,
+// reset, cut by the connection's end) give back all they took.
+func TestBudgetAccounts(t *testing.T) {
+	b := membudget.New(16 << 20)
+	_, _, _, addr := testServer(t, Options{Budget: b, MaxRecvMsgSize: 64 << 10})
+	r := rawDial(t, addr)
+	r.call(1, "answered")
+	r.answer(1)
+	r.call(3, string(bytes.Repeat([]byte{'b'}, 100<<10))) // larger than MaxRecvMsgSize
+	r.answer(3)
+	r.halfSend(5, 1000, 500)
+	_ = r.fr.WriteRSTStream(5, http2.ErrCodeCancel)
+	r.headers(7, false, grpcHeaders(echoPath)...)
+	r.halfSend(9, 40<<10, 30<<10)
+	waitUntil(t, "the open calls to count", func() bool { return b.Used() > 30<<10 })
+	_ = r.c.Close()
+	waitUsed(t, b, 0)
+}
