@@ -221,9 +221,11 @@ func TestHAProxySPOEReusesConnections(t *testing.T) {
 // TestHAProxySPOEFlood: one client far over its limit, on many
 // connections as fast as it can, gets 429s and nothing else; the other
 // clients meanwhile are admitted, none of them failed by a timeout, and
-// the agent's connections stay few.
+// the agent's connections stay few. HAProxy waits up to patientTimeout
+// and authlimit up to 2s for Redis, so that only a starved agent, not a
+// loaded machine, fails a request.
 func TestHAProxySPOEFlood(t *testing.T) {
-	s := newSPOEStack(t, "name=per-ip key=ip limit=5/1m", "")
+	s := newSPOEStack(t, "name=per-ip key=ip limit=5/1m", "patient", "AUTHLIMIT_REDIS_TIMEOUT", "2s")
 	const flooders = 32
 	stop := make(chan struct{})
 	var floodWG sync.WaitGroup

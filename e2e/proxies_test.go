@@ -31,7 +31,8 @@ type proxy struct {
 	// start runs the proxy in front of authlimit and backend and returns
 	// its address. variant selects a documented alternative ("" or
 	// "failopen"; for haproxy and haproxy-spoe also "slow", their timeout
-	// to authlimit cut to slowTimeout, alone or with "failopen").
+	// to authlimit cut to slowTimeout, alone or with "failopen"; for
+	// haproxy-spoe also "patient", its timeout raised to patientTimeout).
 	start func(t *testing.T, authlimit, backend, variant string) string
 }
 
@@ -182,6 +183,12 @@ func startTraefik(t *testing.T, authlimit, backend, _ string) string {
 // spoe-authlimit.conf's "timeout processing", in the "slow" variant.
 const slowTimeout = 700 * time.Millisecond
 
+// patientTimeout is spoe-authlimit.conf's "timeout processing" in the
+// "patient" variant: a test of many clients at once on a loaded machine,
+// where a decision may take longer than the shipped 500ms without anything
+// being wrong.
+const patientTimeout = 5 * time.Second
+
 // startHAProxy runs haproxy with haproxy/haproxy-lua.cfg and the
 // haproxy/authlimit.lua it loads. Each instance binds its own abstract
 // socket, as two HAProxy instances on one host must.
@@ -230,6 +237,9 @@ func runHAProxySPOE(t *testing.T, agent, backend, variant string) (string, *proc
 	var spoePairs []string
 	if strings.Contains(variant, "slow") {
 		spoePairs = append(spoePairs, "timeout processing 500ms", fmt.Sprintf("timeout processing %dms", slowTimeout.Milliseconds()))
+	}
+	if strings.Contains(variant, "patient") {
+		spoePairs = append(spoePairs, "timeout processing 500ms", fmt.Sprintf("timeout processing %dms", patientTimeout.Milliseconds()))
 	}
 	if strings.Contains(variant, "smallframe") {
 		spoePairs = append(spoePairs, "spoe-agent authlimit\n", "spoe-agent authlimit\n    max-frame-size 4096\n")
