@@ -15,6 +15,7 @@ import (
 	"github.com/authlimit/authlimit/denials"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
 const testToken = "admin-token-for-tests"
@@ -32,13 +33,10 @@ func testAdmin(t *testing.T, src string) (*Handler, func(ip string) decide.Verdi
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ps []*algo.Policy
-	for _, r := range rs {
-		ps = append(ps, r.Policies()...)
-	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = m.Close() })
-	g, err := guard.New(guard.Options{Store: m, Policies: ps})
+	sets := rulesettest.Holder(t, rs)
+	g, err := guard.New(guard.Options{Store: m, Rules: sets})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +44,7 @@ func testAdmin(t *testing.T, src string) (*Handler, func(ip string) decide.Verdi
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := decide.New(decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Observer: rec})
+	e, err := decide.New(decide.Options{Rules: sets, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Observer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

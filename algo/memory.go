@@ -50,7 +50,7 @@ type Memory struct {
 	evicted atomic.Int64 // expired states removed to make room
 
 	regMu    sync.RWMutex
-	ids      map[policyKey]uint32
+	ids      map[Identity]uint32
 	policies []*Policy // by id: the latest of that identity
 
 	stop      chan struct{}
@@ -125,7 +125,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		shards:  make([]shard, n),
 		mask:    uint64(n - 1),
 		maxKeys: int64(opts.MaxKeys),
-		ids:     map[policyKey]uint32{},
+		ids:     map[Identity]uint32{},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -153,21 +153,13 @@ func (k *memKey) bytes() []byte { return k.b[:k.n] }
 
 func (k *memKey) id() uint32 { return binary.LittleEndian.Uint32(k.b[:4]) }
 
-// policyKey identifies a policy across rule sets: its name and algorithm,
-// which Redis's keys hold too. A policy rebuilt with other limits (a rule
-// set reloaded) has its predecessor's id, so its states carry over, and
-// the registry grows with identities, not with reloads.
-type policyKey struct {
-	name string
-	alg  Algorithm
-}
-
-func keyOf(p *Policy) policyKey { return policyKey{p.spec.Name, p.spec.Algorithm} }
-
-// id returns p's id in this store, registering its identity on first use.
-// The latest policy of an identity is the one its states expire by.
+// id returns p's id in this store, registering its identity on first use:
+// a policy rebuilt with other limits (a rule set reloaded) has its
+// predecessor's id, so its states carry over, and the registry grows with
+// identities, not with reloads. The latest policy of an identity is the one
+// its states expire by.
 func (m *Memory) id(p *Policy) uint32 {
-	k := keyOf(p)
+	k := p.Identity()
 	m.regMu.RLock()
 	id, ok := m.ids[k]
 	current := ok && m.policies[id] == p
@@ -202,8 +194,8 @@ func (m *Memory) makeKey(k *memKey, q *Request) uint64 {
 	return k.h.a & m.mask
 }
 
-// Decide implements the decision for the memory store: see Redis.Decide
-// for the contract, which both stores share.
+// Decide implements the decision for the memory store: see the Redis
+// store's Decide for the contract, which both stores share.
 func (m *Memory) Decide(ctx context.Context, reqs []Request, res []Result) (bool, error) {
 	if err := CheckRequests(reqs, res); err != nil {
 		return false, err

@@ -13,31 +13,33 @@ import (
 	"math/bits"
 	"strings"
 	"time"
+
+	"github.com/authlimit/authlimit/scripts"
 )
 
-// Algorithm names one rate-limiting algorithm. Its numeric values are part of
-// the Lua scripts' argument layout; do not reorder them.
+// Algorithm names one rate-limiting algorithm. Its numeric values are the
+// Lua scripts' (package scripts' wire numbers).
 type Algorithm uint8
 
 // The algorithms. The zero value is not an algorithm.
 const (
 	// FixedWindow keeps one counter per window aligned to the epoch.
-	FixedWindow Algorithm = iota + 1
+	FixedWindow Algorithm = scripts.FixedWindow
 	// SlidingWindowLog keeps every admitted request of the last window: at
 	// most Limit units pass in any span of length Window.
-	SlidingWindowLog
+	SlidingWindowLog Algorithm = scripts.SlidingWindowLog
 	// SlidingWindowCounter weights the previous window's counter by its
 	// overlap with the sliding span and adds the current window's counter.
-	SlidingWindowCounter
+	SlidingWindowCounter Algorithm = scripts.SlidingWindowCounter
 	// TokenBucket holds up to Burst tokens, refilled at Limit per Window.
-	TokenBucket
+	TokenBucket Algorithm = scripts.TokenBucket
 	// LeakyBucket is a meter whose level drains at Limit per Window with
 	// capacity Burst; with a Delay it shapes traffic instead of denying it.
-	LeakyBucket
+	LeakyBucket Algorithm = scripts.LeakyBucket
 	// GCRA is the generic cell rate algorithm: a theoretical arrival time
 	// that each request pushes back by its emission interval. It decides
 	// as LeakyBucket without a delay does: the two are one algorithm.
-	GCRA
+	GCRA Algorithm = scripts.GCRA
 )
 
 var algorithmNames = [...]string{
@@ -318,6 +320,19 @@ func (p *Policy) computeMaxCost() int64 {
 
 // Name returns the policy's name.
 func (p *Policy) Name() string { return p.spec.Name }
+
+// Identity is what a policy is across rule sets: its name and algorithm.
+// Every store keeps a policy's state under its identity (the Redis keys
+// hold both), so a policy rebuilt with other limits, a rule set reloaded,
+// continues its predecessor's counts; every cache of per-policy state is
+// keyed by it too.
+type Identity struct {
+	Name      string
+	Algorithm Algorithm
+}
+
+// Identity returns p's identity.
+func (p *Policy) Identity() Identity { return Identity{p.spec.Name, p.spec.Algorithm} }
 
 // Spec returns the policy's specification with defaults filled in.
 func (p *Policy) Spec() Spec { return p.spec }

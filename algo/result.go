@@ -1,6 +1,10 @@
 package algo
 
-import "time"
+import (
+	"time"
+
+	"github.com/authlimit/authlimit/scripts"
+)
 
 // Request asks one policy about one key.
 type Request struct {
@@ -30,15 +34,16 @@ func (q *Request) EffectiveCost() int64 {
 // Reason says why a policy denied a request.
 type Reason uint8
 
-// The reasons. Their numeric values are part of the Lua script's reply.
+// The reasons. Their numeric values are the Lua script's reply's (package
+// scripts' wire numbers).
 const (
 	// ReasonNone: the policy allows the request.
-	ReasonNone Reason = iota
+	ReasonNone Reason = scripts.ReasonNone
 	// ReasonLimited: the quota is used up; RetryAfter says until when.
-	ReasonLimited
+	ReasonLimited Reason = scripts.ReasonLimited
 	// ReasonCostTooHigh: the request costs more than the policy can ever
 	// admit at once; retrying will not help and RetryAfter is zero.
-	ReasonCostTooHigh
+	ReasonCostTooHigh Reason = scripts.ReasonCostTooHigh
 )
 
 // String names the reason for logs and response bodies.
@@ -92,11 +97,7 @@ type Result struct {
 // micros converts microseconds to a Duration.
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
-// epochMicros is the origin of the stores' clocks, 2020-01-01T00:00:00Z, in
-// Unix microseconds: times are microseconds since then. Keeping them small
-// keeps every sum of a time and a duration an exact integer in a float64,
-// and window indexes short in storage. A clock before it reads as it.
-const epochMicros = 1577836800_000000
-
-// SinceEpoch converts a wall-clock time to the stores' microseconds.
-func SinceEpoch(t time.Time) int64 { return max(t.UnixMicro()-epochMicros, 0) }
+// SinceEpoch converts a wall-clock time to the stores' microseconds: since
+// scripts.EpochMicros, 2020-01-01T00:00:00Z, for both stores. A clock
+// before it reads as it.
+func SinceEpoch(t time.Time) int64 { return max(t.UnixMicro()-scripts.EpochMicros, 0) }

@@ -7,8 +7,9 @@
 // the metrics, and works out once what the rate-limit headers and the
 // problem body say. On the request path it allocates nothing.
 //
-// The rules are an immutable set behind an atomic pointer: SetRules swaps
-// the whole set, and a request decides under the set it started with.
+// The rules come from the rule set in force (package ruleset), read once
+// per request: a reload swaps the whole set, and a request decides under
+// the set it started with.
 package decide
 
 import (
@@ -17,9 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset"
 )
 
 // Decider decides the policies of one request atomically: a guard.Guard, or
@@ -39,8 +39,8 @@ type Decider interface {
 // Options configure an Engine. The caller gives every value; the defaults
 // live with the configuration that reads them.
 type Options struct {
-	// Rules are the rules, in order: 1 to algo.MaxRules of them.
-	Rules []*rules.Rule
+	// Rules holds the rule set in force. Required.
+	Rules *ruleset.Holder
 	// Decider decides. Required.
 	Decider Decider
 	// AllowCIDRs are never limited; BlockCIDRs are always denied.
@@ -65,7 +65,10 @@ type Options struct {
 // Engine decides requests. Build it with New; it is safe for concurrent
 // use.
 type Engine struct {
-	set          atomic.Pointer[ruleSet]
+	rules *ruleset.Holder
+	// view is the engine's limits of the last set it decided under,
+	// made once per set (see viewOf).
+	view         atomic.Pointer[ruleView]
 	decider      Decider
 	allow, block []netip.Prefix
 	v4, v6       int
@@ -75,15 +78,6 @@ type Engine struct {
 	log          *slog.Logger
 	clock        func() time.Time
 	observer     Observer
-
-	// kept are the live limits fronts made with NewLimit, in the order
-	// made: SetRules registers their policies with the rules' own, so
-	// that a new rule set leaves the fronts' policies known to the
-	// Decider, and ReleaseLimits drops them. mu also orders the
-	// registrations, so that the last one registered is the last one
-	// built.
-	mu   sync.Mutex
-	kept []*Limit
 }
 
 // New validates opts and returns an Engine.
@@ -92,8 +86,8 @@ func New(opts Options) (*Engine, error) {
 	if opts.Decider == nil {
 		errs = append(errs, errors.New("decide: no decider"))
 	}
-	if err := checkRules(opts.Rules); err != nil {
-		errs = append(errs, err)
+	if opts.Rules == nil {
+		errs = append(errs, errors.New("decide: no rule set"))
 	}
 	if opts.DenyStatus < 400 || opts.DenyStatus > 599 {
 		errs = append(errs, fmt.Errorf("decide: deny status %d is not 4xx or 5xx", opts.DenyStatus))
@@ -118,6 +112,7 @@ func New(opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
+		rules:      opts.Rules,
 		decider:    opts.Decider,
 		allow:      opts.AllowCIDRs,
 		block:      opts.BlockCIDRs,
@@ -130,78 +125,22 @@ func New(opts Options) (*Engine, error) {
 		clock:      opts.Clock,
 		observer:   opts.Observer,
 	}
-	e.set.Store(newRuleSet(opts.Rules, m))
 	return e, nil
 }
 
-func checkRules(rs []*rules.Rule) error {
-	if len(rs) == 0 || len(rs) > algo.MaxRules {
-		return fmt.Errorf("decide: %d rules; want 1 to %d", len(rs), algo.MaxRules)
+// viewOf returns the engine's view of set: the limits of its rules, made
+// once per set and kept until the next.
+func (e *Engine) viewOf(set *ruleset.Set) *ruleView {
+	if v := e.view.Load(); v != nil && v.set == set {
+		return v
 	}
-	return nil
+	v := newRuleView(set, e.metrics)
+	e.view.Store(v)
+	return v
 }
 
-// PolicyRegistrar is a Decider that must learn policies before it decides
-// them: a guard.Guard keeps, per policy, an id for its deny cache and a
-// divided copy for the local fallback, and knows only those it was built
-// with. SetRules registers the new set's policies with a Decider that is a
-// PolicyRegistrar before it swaps the set in.
-type PolicyRegistrar interface {
-	RegisterPolicies(ps []*algo.Policy) error
-}
-
-// SetRules swaps the rule set whole: requests that have started finish
-// under the set they started with, later ones decide under rs. The
-// Decider must know rs's policies: a PolicyRegistrar learns them first,
-// with those of the limits made by NewLimit, and if it refuses them, the
-// set in force stays.
-func (e *Engine) SetRules(rs []*rules.Rule) error {
-	if err := checkRules(rs); err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err := e.register(rs); err != nil {
-		return fmt.Errorf("decide: register the rules' policies: %w", err)
-	}
-	e.set.Store(newRuleSet(rs, e.metrics))
-	return nil
-}
-
-// register gives a PolicyRegistrar Decider the policies of rs and of the
-// live limits, each identity (name and algorithm, as the stores key their
-// state) once, the rules' first. The caller holds e.mu.
-func (e *Engine) register(rs []*rules.Rule) error {
-	r, ok := e.decider.(PolicyRegistrar)
-	if !ok {
-		return nil
-	}
-	type identity struct {
-		name string
-		alg  algo.Algorithm
-	}
-	seen := make(map[identity]bool, len(rs)+len(e.kept))
-	ps := make([]*algo.Policy, 0, len(rs)+len(e.kept))
-	add := func(p *algo.Policy) {
-		id := identity{p.Name(), p.Spec().Algorithm}
-		if !seen[id] {
-			seen[id] = true
-			ps = append(ps, p)
-		}
-	}
-	for _, x := range rs {
-		for _, p := range x.Policies() {
-			add(p)
-		}
-	}
-	for _, l := range e.kept {
-		add(l.Policy)
-	}
-	return r.RegisterPolicies(ps)
-}
-
-// Rules returns the rule set in force. The caller must not modify it.
-func (e *Engine) Rules() []*rules.Rule { return e.set.Load().rules }
+// Rules returns the rules in force. The caller must not modify them.
+func (e *Engine) Rules() []*rules.Rule { return e.rules.Load().Rules() }
 
 // DenyStatus is the status of a denial.
 func (e *Engine) DenyStatus() int { return e.denyStatus }
@@ -278,7 +217,7 @@ func (in *Input) Refuse(client netip.Addr, kind, detail string) {
 // budget bounds the wait. The delay of a shaped request is the front's to
 // hold.
 func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
-	set := e.set.Load()
+	set := e.viewOf(e.rules.Load())
 	o.reset()
 	defer o.finish()
 	now := e.clock()
@@ -291,7 +230,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 // screen answers in when the block and allow lists or the rules do
 // (blocked, allow-listed, invalid), and reports whether it is left to
 // decide, with its requests in o.
-func (e *Engine) screen(set *ruleSet, in *Input, o *Outcome) bool {
+func (e *Engine) screen(set *ruleView, in *Input, o *Outcome) bool {
 	if contains(e.block, in.Client) {
 		e.metrics.blocked.Inc()
 		o.refuse(Blocked, e.denyStatus, "blocked", "The client address is blocked.")
@@ -348,7 +287,7 @@ func (e *Engine) DecideAsync(in *Input, o *Outcome, then Then) bool {
 	if !ok {
 		return false
 	}
-	set := e.set.Load()
+	set := e.viewOf(e.rules.Load())
 	o.reset()
 	now := e.clock()
 	if !e.screen(set, in, o) {
@@ -424,52 +363,16 @@ type LimitRequest struct {
 
 // NewLimit returns a Limit of p under name (bounded: it labels metrics),
 // for DecideLimits, such as a configured limit of Envoy's rate limit
-// service, made when its configuration is loaded. The Decider must know
-// p, as it knows the rules' policies; SetRules keeps it registered with a
-// PolicyRegistrar until ReleaseLimits releases it.
+// service, made once per configuration.
 func (e *Engine) NewLimit(name string, p *algo.Policy) *Limit {
-	l := newLimit(name, name, p, e.metrics)
-	e.mu.Lock()
-	e.kept = append(e.kept, l)
-	e.mu.Unlock()
-	return l
-}
-
-// ReleaseLimits ends the life of limits made by NewLimit, such as those of
-// a rate-limit configuration a reload replaced: the engine forgets them,
-// and a PolicyRegistrar Decider is given the rules' policies and those of
-// the limits still alive, each identity once. A limit released twice, or
-// not made by NewLimit, is ignored.
-//
-// Requests still deciding a released limit decide it correctly: the
-// stores keep a policy's state by its name and algorithm, not by the
-// Limit, so a limit made again under the same policy (a reload that keeps
-// it) continues its counts, and a guard.Guard decides a policy it no
-// longer knows without its deny cache. The limit's decisions stay counted
-// in authlimit_decisions_total under its name, as a removed rule's do.
-func (e *Engine) ReleaseLimits(ls ...*Limit) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	gone := make(map[*Limit]bool, len(ls))
-	for _, l := range ls {
-		gone[l] = true
-	}
-	n := len(e.kept)
-	e.kept = slices.DeleteFunc(e.kept, func(l *Limit) bool { return gone[l] })
-	if len(e.kept) == n {
-		return nil
-	}
-	if err := e.register(e.set.Load().rules); err != nil {
-		return fmt.Errorf("decide: register the policies left after a release: %w", err)
-	}
-	return nil
+	return newLimit(name, name, p, e.metrics)
 }
 
 // NewLimitCountedAs returns a limit made on demand, such as one Envoy
 // sends with a descriptor: its metrics count under label rather than its
 // name, so that such limits share one and the metrics stay bounded while
-// the headers name each. It is not registered with the Decider, which
-// decides it all the same (a guard.Guard, without its deny cache).
+// the headers name each. A guard.Guard decides a policy its rule set does
+// not know all the same, without its deny cache.
 func (e *Engine) NewLimitCountedAs(name, label string, p *algo.Policy) *Limit {
 	return newLimit(name, label, p, e.metrics)
 }
@@ -598,7 +501,7 @@ func (e *Engine) conclude(o *Outcome, res []algo.Result, admitted bool, err erro
 // tier header is read only when trusted), into o.reqs. It reports false,
 // with o refused, when a key, cost or tier header is missing (and the rule
 // refuses that), repeated or invalid.
-func (e *Engine) apply(set *ruleSet, q *rules.Request, trusted bool, o *Outcome) bool {
+func (e *Engine) apply(set *ruleView, q *rules.Request, trusted bool, o *Outcome) bool {
 	for i, r := range set.rules {
 		if !r.Match(q) {
 			continue

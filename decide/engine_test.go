@@ -2,10 +2,7 @@ package decide
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,27 +13,26 @@ import (
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
-// newEngine returns an engine deciding src's rules (and the policies of
-// more rule sets, for SetRules) with the memory store through a guard.
+// newEngine returns an engine deciding src's rules (and those of more rule
+// sets, for swap) with the memory store through a guard that shares its
+// rule set.
 func newEngine(t testing.TB, d func(Decider) Decider, src string, more ...string) (*Engine, [][]*rules.Rule) {
 	t.Helper()
 	var sets [][]*rules.Rule
-	var policies []*algo.Policy
 	for _, s := range append([]string{src}, more...) {
 		rs, err := rules.Parse(s)
 		if err != nil {
 			t.Fatal(err)
 		}
 		sets = append(sets, rs)
-		for _, r := range rs {
-			policies = append(policies, r.Policy)
-		}
 	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = m.Close() })
-	g, err := guard.New(guard.Options{Store: m, Policies: policies, DenyCacheSize: 1000})
+	h := rulesettest.Holder(t, sets[0])
+	g, err := guard.New(guard.Options{Store: m, Rules: h, DenyCacheSize: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,13 +40,23 @@ func newEngine(t testing.TB, d func(Decider) Decider, src string, more ...string
 	if d != nil {
 		dec = d(g)
 	}
-	e, err := New(Options{Rules: sets[0], Decider: dec, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429,
+	e, err := New(Options{Rules: h, Decider: dec, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429,
 		BlockCIDRs: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return e, sets
+}
+
+// swap puts rs in force in e's rule set, as a reload does.
+func swap(t testing.TB, e *Engine, rs []*rules.Rule) {
+	t.Helper()
+	set, err := e.rules.WithRules(rs, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.rules.Store(set, time.Now())
 }
 
 // mapHeaders is a request's headers as a map, each name with its values.
@@ -104,10 +110,10 @@ func (b blockingDecider) Decide(ctx context.Context, reqs []algo.Request, res []
 	return b.Decider.Decide(ctx, reqs, res)
 }
 
-// TestSetRulesInFlight: a request that started under one rule set finishes
+// TestSwapInFlight: a request that started under one rule set finishes
 // under it, headers and results included, while a rule set swapped in
 // meanwhile decides the requests that start after.
-func TestSetRulesInFlight(t *testing.T) {
+func TestSwapInFlight(t *testing.T) {
 	var bd blockingDecider
 	e, sets := newEngine(t, func(d Decider) Decider {
 		bd = blockingDecider{d, make(chan struct{}, 2), make(chan struct{})}
@@ -122,9 +128,7 @@ func TestSetRulesInFlight(t *testing.T) {
 		e.Decide(context.Background(), &in, &first)
 	}()
 	<-bd.entered
-	if err := e.SetRules(sets[1]); err != nil {
-		t.Fatal(err)
-	}
+	swap(t, e, sets[1])
 	close(bd.release)
 	<-done
 	if got, want := header(&first, "RateLimit-Policy"), `"old";q=5;w=60`; got != want {
@@ -137,12 +141,6 @@ func TestSetRulesInFlight(t *testing.T) {
 	e.Decide(context.Background(), &in, &second)
 	if got, want := header(&second, "RateLimit-Policy"), `"new";q=7;w=3600`; got != want {
 		t.Errorf("after the swap RateLimit-Policy = %q, want %q", got, want)
-	}
-	if got := e.Rules(); len(got) != 1 || got[0] != sets[1][0] {
-		t.Errorf("Rules() = %v, want the new set", got)
-	}
-	if err := e.SetRules(nil); err == nil {
-		t.Error("SetRules(nil) accepted")
 	}
 }
 
@@ -266,16 +264,18 @@ func TestDecideLimits(t *testing.T) {
 	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = m.Close() })
-	reg := prometheus.NewRegistry()
-	g, err := guard.New(guard.Options{Store: m, Policies: []*algo.Policy{a, b}, DenyCacheSize: 100, Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rs, err := rules.Parse("name=r key=ip limit=1/1m")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := New(Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: reg})
+	// The guard numbers a and b, as it numbers a rate-limit
+	// configuration's policies.
+	reg := prometheus.NewRegistry()
+	g, err := guard.New(guard.Options{Store: m, Rules: rulesettest.Holder(t, rs, a, b), DenyCacheSize: 100, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Rules: rulesettest.Holder(t, rs), Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,57 +353,6 @@ func TestDecideLimits(t *testing.T) {
 	}
 }
 
-// registrar is a Decider that learns policies, and refuses them when told
-// to.
-type registrar struct {
-	Decider
-	learnt [][]*algo.Policy
-	refuse error
-}
-
-func (r *registrar) RegisterPolicies(ps []*algo.Policy) error {
-	if r.refuse != nil {
-		return r.refuse
-	}
-	r.learnt = append(r.learnt, ps)
-	return nil
-}
-
-// TestSetRulesRegistersPolicies: SetRules tells a PolicyRegistrar the new
-// set's policies before swapping it in, and keeps the set in force when it
-// refuses them.
-func TestSetRulesRegistersPolicies(t *testing.T) {
-	reg := &registrar{}
-	e, sets := newEngine(t, func(d Decider) Decider { reg.Decider = d; return reg }, "name=old key=ip limit=5/1m", "name=new key=ip limit=7/1h; name=other key=ip limit=9/1h")
-	if err := e.SetRules(sets[1]); err != nil {
-		t.Fatal(err)
-	}
-	if len(reg.learnt) != 1 || len(reg.learnt[0]) != 2 || reg.learnt[0][0] != sets[1][0].Policy || reg.learnt[0][1] != sets[1][1].Policy {
-		t.Errorf("learnt %v, want the new set's two policies", reg.learnt)
-	}
-	// A front's limit stays registered through later swaps; one made on
-	// demand is not registered.
-	front, err := algo.NewPolicy(algo.Spec{Name: "front", Algorithm: algo.FixedWindow, Limit: 3, Window: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.NewLimit("front", front)
-	e.NewLimitCountedAs("on-demand", "override", sets[0][0].Policy)
-	if err := e.SetRules(sets[1]); err != nil {
-		t.Fatal(err)
-	}
-	if got := reg.learnt[len(reg.learnt)-1]; len(got) != 3 || got[2] != front {
-		t.Errorf("learnt %v, want the set's two policies and the front's", got)
-	}
-	reg.refuse = errors.New("full")
-	if err := e.SetRules(sets[0]); err == nil || !strings.Contains(err.Error(), "full") {
-		t.Errorf("SetRules with a refusing registrar: %v", err)
-	}
-	if got := e.Rules(); len(got) != 2 || got[0] != sets[1][0] {
-		t.Errorf("after a refused swap, rules %v, want the set in force", got)
-	}
-}
-
 // counter is the value of the counter name with the given label values,
 // in the order of its labels' names (outcome before rule).
 func counter(t *testing.T, reg *prometheus.Registry, name string, values ...string) float64 {
@@ -432,89 +381,46 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, values ...stri
 	return 0
 }
 
-// TestReleaseLimits: a front that makes its limits again on every reload
-// and releases the previous ones (the rate-limit service) leaves the
-// engine holding only the limits alive, each policy identity registered
-// once with the rules', however many reloads; a limit made again under
-// the same policy keeps its counts, and an old limit still deciding after
-// its release decides with them.
-func TestReleaseLimits(t *testing.T) {
-	reg := &registrar{}
-	e, _ := newEngine(t, func(d Decider) Decider { reg.Decider = d; return reg }, "name=r key=ip limit=5/1m")
-	policy := func(name string, limit int64) *algo.Policy {
+// TestLimitsMadeAgainKeepCounts: a front that makes its limits again
+// (the rate-limit service, once per configuration) decides them with the
+// counts of those made before under the same policy identity, and a limit
+// of an old configuration still deciding decides with them too: the stores
+// keep a policy's state by its name and algorithm, not by the Limit.
+func TestLimitsMadeAgainKeepCounts(t *testing.T) {
+	e, _ := newEngine(t, nil, "name=r key=ip limit=5/1m")
+	policy := func(limit int64) *algo.Policy {
 		t.Helper()
-		p, err := algo.NewPolicy(algo.Spec{Name: name, Algorithm: algo.FixedWindow, Limit: limit, Window: time.Hour})
+		p, err := algo.NewPolicy(algo.Spec{Name: "stays", Algorithm: algo.FixedWindow, Limit: limit, Window: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	decide := func(l *Limit, key string) Verdict {
+	decide := func(l *Limit) Verdict {
 		t.Helper()
 		var o Outcome
-		e.DecideLimits(context.Background(), []LimitRequest{{Limit: l, Key: []byte(key)}}, &o)
+		e.DecideLimits(context.Background(), []LimitRequest{{Limit: l, Key: []byte("k")}}, &o)
 		return o.Verdict
 	}
-	// A configuration: "stays" (limit 3) and one limit of its own.
-	load := func(i int) []*Limit {
-		return []*Limit{e.NewLimit("stays", policy("stays", 3)), e.NewLimit("gone", policy(fmt.Sprintf("gone-%d", i), 9))}
-	}
-	live := load(0)
-	for i, want := range []Verdict{Allow, Allow} {
-		if got := decide(live[0], "k"); got != want {
-			t.Fatalf("request %d before any reload: %v, want %v", i, got, want)
+	first := e.NewLimit("stays", policy(3))
+	for i := range 2 {
+		if got := decide(first); got != Allow {
+			t.Fatalf("request %d: %v, want Allow", i, got)
 		}
 	}
-	first := live[0]
-	const reloads = 50
-	for i := 1; i <= reloads; i++ {
-		next := load(i)
-		if err := e.ReleaseLimits(live...); err != nil {
-			t.Fatalf("reload %d: ReleaseLimits: %v", i, err)
-		}
-		live = next
+	var last *Limit
+	for range 50 {
+		last = e.NewLimit("stays", policy(3))
 	}
-	e.mu.Lock()
-	kept := len(e.kept)
-	e.mu.Unlock()
-	if kept != 2 {
-		t.Errorf("after %d reloads the engine keeps %d limits, want 2", reloads, kept)
+	// 2 of 3 spent: the limit made last admits one more, and the first,
+	// of a configuration long gone, sees the same count.
+	if got := decide(last); got != Allow {
+		t.Errorf("third request, on the limit made last: %v, want Allow", got)
 	}
-	var names []string
-	for _, p := range reg.learnt[len(reg.learnt)-1] {
-		names = append(names, p.Name())
+	if got := decide(first); got != Deny {
+		t.Errorf("fourth request, on the first limit: %v, want Deny", got)
 	}
-	if want := []string{"r", "stays", fmt.Sprintf("gone-%d", reloads)}; !slices.Equal(names, want) {
-		t.Errorf("registered %v after %d reloads, want %v", names, reloads, want)
-	}
-	if err := e.SetRules(e.Rules()); err != nil {
-		t.Fatal(err)
-	}
-	names = names[:0]
-	for _, p := range reg.learnt[len(reg.learnt)-1] {
-		names = append(names, p.Name())
-	}
-	if want := []string{"r", "stays", fmt.Sprintf("gone-%d", reloads)}; !slices.Equal(names, want) {
-		t.Errorf("SetRules registered %v, want %v", names, want)
-	}
-	// 2 of 3 spent before the reloads: the limit in force admits one
-	// more, and the first limit, released long ago, sees the same count.
-	if got := decide(live[0], "k"); got != Allow {
-		t.Errorf("third request after %d reloads: %v, want Allow", reloads, got)
-	}
-	if got := decide(first, "k"); got != Deny {
-		t.Errorf("fourth request, on a released limit: %v, want Deny", got)
-	}
-	if got := decide(live[0], "k"); got != Deny {
-		t.Errorf("fifth request: %v, want Deny: a reload handed out fresh quota", got)
-	}
-	// Releasing again, or what NewLimit never made, changes nothing.
-	n := len(reg.learnt)
-	if err := e.ReleaseLimits(first, e.NewLimitCountedAs("x", "override", policy("x", 1))); err != nil || len(reg.learnt) != n {
-		t.Errorf("a release of nothing alive: %v, %d registrations, want none", err, len(reg.learnt)-n)
-	}
-	reg.refuse = errors.New("full")
-	if err := e.ReleaseLimits(live[1]); err == nil || !strings.Contains(err.Error(), "full") {
-		t.Errorf("ReleaseLimits with a refusing registrar: %v", err)
+	if got := decide(last); got != Deny {
+		t.Errorf("fifth request: %v, want Deny: making a limit again handed out fresh quota", got)
 	}
 }

@@ -7,20 +7,23 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset"
 )
 
-// ruleSet is a rule set as the engine decides it, never modified once
-// built: the rules and, for each, a Limit per policy (rules.Rule.Policies:
-// its own, its tiers', its overrides'), all under the rule's name, so that
-// the headers name the rule and give the limit that applied.
-type ruleSet struct {
+// ruleView is a rule set as the engine decides it, never modified once
+// built: the set's rules and, for each, a Limit per policy
+// (rules.Rule.Policies: its own, its tiers', its overrides'), all under the
+// rule's name, so that the headers name the rule and give the limit that
+// applied.
+type ruleView struct {
+	set    *ruleset.Set
 	rules  []*rules.Rule
 	limits [][]*Limit // rules[i]'s, indexed as rules[i].Policies()
 }
 
-func newRuleSet(rs []*rules.Rule, m *metrics) *ruleSet {
-	set := &ruleSet{rules: rs}
-	for _, r := range rs {
+func newRuleView(s *ruleset.Set, m *metrics) *ruleView {
+	set := &ruleView{set: s, rules: s.Rules()}
+	for _, r := range set.rules {
 		var ls []*Limit
 		for _, p := range r.Policies() {
 			ls = append(ls, newLimit(r.Name, r.Name, p, m))
@@ -33,7 +36,7 @@ func newRuleSet(rs []*rules.Rule, m *metrics) *ruleSet {
 // Limit is a policy under a name, as the headers, the problem and the
 // metrics give it: the engine makes one per rule, and a front that picks
 // its policies itself (Envoy's rate limit service) makes its own with
-// NewLimit, once, and decides them with DecideLimits.
+// NewLimit, once per configuration, and decides them with DecideLimits.
 type Limit struct {
 	// Name names the limit in RateLimit-Policy, RateLimit, the problem's
 	// violated-policies and the metrics' rule label.

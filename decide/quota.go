@@ -129,7 +129,7 @@ func (e *Engine) Reset(ctx context.Context, in *Input, rule string, s QuotaStore
 // o. It reports false, with the Quota saying why, when the rules are not
 // asked.
 func (e *Engine) applied(in *Input, o *Outcome) (Quota, bool) {
-	set := e.set.Load()
+	set := e.viewOf(e.rules.Load())
 	o.reset()
 	switch {
 	case contains(e.block, in.Client):

@@ -19,7 +19,7 @@ func (e *Engine) tagRequests(rule, tag string) ([]algo.Request, bool, error) {
 	if tag == "" || len(tag) > 64 || string(algo.AppendTag(nil, []byte(tag))) != tag {
 		return nil, false, fmt.Errorf("decide: tag %q: %w", tag, ErrBadTag)
 	}
-	for _, r := range e.set.Load().rules {
+	for _, r := range e.rules.Load().Rules() {
 		if r.Name != rule {
 			continue
 		}
@@ -72,7 +72,7 @@ func (e *Engine) ResetTag(ctx context.Context, rule, tag string, s QuotaStore) (
 
 // ruleNamed returns the rule in force of that name, or nil.
 func (e *Engine) ruleNamed(name string) *rules.Rule {
-	for _, r := range e.set.Load().rules {
+	for _, r := range e.rules.Load().Rules() {
 		if r.Name == name {
 			return r
 		}

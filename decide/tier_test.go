@@ -11,6 +11,7 @@ import (
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 	"github.com/authlimit/authlimit/store/redis"
 )
 
@@ -49,24 +50,17 @@ func tierStores(t *testing.T) []tierStore {
 }
 
 // tierEngine is an engine deciding src's rules with st through a guard
-// that knows only what the engine's SetRules registers with it, the way
-// a reload does.
+// that shares its rule set, as a reload swaps it.
 func tierEngine(t *testing.T, st tierStore, src string) *Engine {
 	t.Helper()
-	rs, err := rules.Parse(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := guard.New(guard.Options{Store: st.store, Remote: st.remote, FailMode: guard.FailClosed, DenyCacheSize: 1000,
+	h := rulesettest.Parse(t, src)
+	g, err := guard.New(guard.Options{Store: st.store, Remote: st.remote, FailMode: guard.FailClosed, DenyCacheSize: 1000, Rules: h,
 		BreakerFailures: 5, BreakerBackoff: 100 * time.Millisecond, BreakerMaxBackoff: time.Second, ProbeTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := New(Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
+	e, err := New(Options{Rules: h, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.SetRules(rs); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -195,9 +189,7 @@ name=cap key=header:X-Api-Key limit=2/1h path=/cap
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := e.SetRules(next); err != nil {
-				t.Fatal(err)
-			}
+			swap(t, e, next)
 			if got := admitted(t, e, "/", "k-acme", false, nil, `"api";q=12;w=3600`, 12); got != 2 {
 				t.Errorf("after the reload: %d admitted, want 12-10 = 2", got)
 			}
@@ -241,16 +233,14 @@ func TestTiersInTheLocalFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := guard.New(guard.Options{Store: rs, Remote: true, Local: local, FailMode: guard.FailLocal, LocalDivisor: 2, DenyCacheSize: 1000,
+	h := rulesettest.Holder(t, rules0)
+	g, err := guard.New(guard.Options{Store: rs, Remote: true, Local: local, FailMode: guard.FailLocal, LocalDivisor: 2, DenyCacheSize: 1000, Rules: h,
 		BreakerFailures: 1, BreakerBackoff: time.Minute, BreakerMaxBackoff: time.Minute, ProbeTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := New(Options{Rules: rules0, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
+	e, err := New(Options{Rules: h, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.SetRules(rules0); err != nil {
 		t.Fatal(err)
 	}
 	srv.Stop(t)

@@ -11,6 +11,7 @@ import (
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
 // headers is one request's headers.
@@ -32,17 +33,14 @@ func engineWith(t testing.TB, r *Recorder, src string) *decide.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ps []*algo.Policy
-	for _, x := range rs {
-		ps = append(ps, x.Policies()...)
-	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	t.Cleanup(func() { _ = m.Close() })
-	g, err := guard.New(guard.Options{Store: m, Policies: ps})
+	h := rulesettest.Holder(t, rs)
+	g, err := guard.New(guard.Options{Store: m, Rules: h})
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429}
+	opts := decide.Options{Rules: h, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429}
 	if r != nil {
 		opts.Observer = r
 	}

@@ -795,38 +795,40 @@ func TestHelmAdmin(t *testing.T) {
 }
 
 // TestHelmSchemaRejects: values.schema.json, and the chart's own checks,
-// refuse bad values with a message naming them.
+// refuse bad values with a message naming them where they are (helm's
+// "at '/path'"): the env names are properties, not propertyNames, whose
+// errors helm reports at a random other value.
 func TestHelmSchemaRejects(t *testing.T) {
 	tests := []struct {
 		name, values, want string
 	}{
-		{"unknown top-level key", "replicas: 3\n", "replicas"},
-		{"zero replicas", "replicaCount: 0\n", "replicaCount"},
-		{"replicas as a string", "replicaCount: \"2\"\n", "replicaCount"},
-		{"empty rules", "rules: \"\"\n", "rules"},
-		{"blank rules", "rules: \"  \\n\"\n", "rules"},
-		{"unknown variable", "env:\n  AUTHLIMIT_DENY_STATU: \"403\"\n", "AUTHLIMIT_DENY_STATU"},
-		{"a variable the chart sets", "env:\n  AUTHLIMIT_LISTEN: \":9090\"\n", "AUTHLIMIT_LISTEN"},
-		{"rules as a variable", "env:\n  AUTHLIMIT_RULES: name=a limit=1/1m\n", "AUTHLIMIT_RULES"},
-		{"a password in the values", "env:\n  AUTHLIMIT_REDIS_URL: redis://u:p@r:6379\n", "AUTHLIMIT_REDIS_URL"},
-		{"not authlimit's", "env:\n  GOGC: \"50\"\n", "GOGC"},
-		{"a variable's value as a map", "env:\n  AUTHLIMIT_DENY_STATUS:\n    code: 403\n", "AUTHLIMIT_DENY_STATUS"},
-		{"pull policy", "image:\n  pullPolicy: Sometimes\n", "pullPolicy"},
-		{"service type", "service:\n  type: Ingress\n", "type"},
-		{"service port", "service:\n  port: 70000\n", "port"},
-		{"divisor zero", "localDivisor: 0\n", "localDivisor"},
-		{"redis secret name", "redis:\n  existingSecret: My_Secret\n", "existingSecret"},
-		{"admin without a token", "admin:\n  enabled: true\n", "existingSecret"},
-		{"admin token key empty", "admin:\n  enabled: true\n  existingSecret: s\n  tokenKey: \"\"\n", "tokenKey"},
-		{"admin misspelt", "admin:\n  enable: true\n", "enable"},
-		{"network policy without peers", "networkPolicy:\n  enabled: true\n", "from"},
-		{"scrape interval", "metrics:\n  serviceMonitor:\n    interval: often\n", "interval"},
+		{"unknown top-level key", "replicas: 3\n", "additional properties 'replicas' not allowed"},
+		{"zero replicas", "replicaCount: 0\n", "at '/replicaCount'"},
+		{"replicas as a string", "replicaCount: \"2\"\n", "at '/replicaCount'"},
+		{"empty rules", "rules: \"\"\n", "at '/rules'"},
+		{"blank rules", "rules: \"  \\n\"\n", "at '/rules'"},
+		{"unknown variable", "env:\n  AUTHLIMIT_DENY_STATU: \"403\"\n", "at '/env': additional properties 'AUTHLIMIT_DENY_STATU'"},
+		{"a variable the chart sets", "env:\n  AUTHLIMIT_LISTEN: \":9090\"\n", "at '/env': additional properties 'AUTHLIMIT_LISTEN'"},
+		{"rules as a variable", "env:\n  AUTHLIMIT_RULES: name=a limit=1/1m\n", "at '/env': additional properties 'AUTHLIMIT_RULES'"},
+		{"a password in the values", "env:\n  AUTHLIMIT_REDIS_URL: redis://u:p@r:6379\n", "at '/env': additional properties 'AUTHLIMIT_REDIS_URL'"},
+		{"not authlimit's", "env:\n  GOGC: \"50\"\n", "at '/env': additional properties 'GOGC'"},
+		{"a variable's value as a map", "env:\n  AUTHLIMIT_DENY_STATUS:\n    code: 403\n", "at '/env/AUTHLIMIT_DENY_STATUS'"},
+		{"pull policy", "image:\n  pullPolicy: Sometimes\n", "at '/image/pullPolicy'"},
+		{"service type", "service:\n  type: Ingress\n", "at '/service/type'"},
+		{"service port", "service:\n  port: 70000\n", "at '/service/port'"},
+		{"divisor zero", "localDivisor: 0\n", "at '/localDivisor'"},
+		{"redis secret name", "redis:\n  existingSecret: My_Secret\n", "at '/redis/existingSecret'"},
+		{"admin without a token", "admin:\n  enabled: true\n", "at '/admin/existingSecret'"},
+		{"admin token key empty", "admin:\n  enabled: true\n  existingSecret: s\n  tokenKey: \"\"\n", "at '/admin/tokenKey'"},
+		{"admin misspelt", "admin:\n  enable: true\n", "at '/admin': additional properties 'enable'"},
+		{"network policy without peers", "networkPolicy:\n  enabled: true\n", "at '/networkPolicy/from'"},
+		{"scrape interval", "metrics:\n  serviceMonitor:\n    interval: often\n", "at '/metrics/serviceMonitor/interval'"},
 		{"autoscaler upside down", "autoscaling:\n  enabled: true\n  minReplicas: 5\n  maxReplicas: 3\n", "minReplicas (5) is more than autoscaling.maxReplicas (3)"},
-		{"autoscaler without replicas", "autoscaling:\n  maxReplicas: 0\n", "maxReplicas"},
-		{"a container without a name", "extraContainers:\n  - image: nginx\n", "name"},
-		{"rls misspelt", "rls:\n  existingConfigmap: ratelimit\n", "existingConfigmap"},
-		{"rls ConfigMap name", "rls:\n  existingConfigMap: Ratelimit_Config\n", "existingConfigMap"},
-		{"image repository empty", "image:\n  repository: \"\"\n", "repository"},
+		{"autoscaler without replicas", "autoscaling:\n  maxReplicas: 0\n", "at '/autoscaling/maxReplicas'"},
+		{"a container without a name", "extraContainers:\n  - image: nginx\n", "at '/extraContainers/0': missing property 'name'"},
+		{"rls misspelt", "rls:\n  existingConfigmap: ratelimit\n", "at '/rls': additional properties 'existingConfigmap'"},
+		{"rls ConfigMap name", "rls:\n  existingConfigMap: Ratelimit_Config\n", "at '/rls/existingConfigMap'"},
+		{"image repository empty", "image:\n  repository: \"\"\n", "at '/image/repository'"},
 	}
 	dir := t.TempDir()
 	for i, tt := range tests {

@@ -42,15 +42,30 @@ const imageMaxBytes = 40 << 20
 // tests look at.
 const busyMachineBudget = "2s"
 
+// podmanRequired: with AUTHLIMIT_E2E_PODMAN=required (as .ci/run sets it)
+// the image tests fail where podman or podman-compose is missing or cannot
+// run, instead of skipping, so that CI cannot pass without testing the
+// image.
+func podmanRequired() bool { return os.Getenv("AUTHLIMIT_E2E_PODMAN") == "required" }
+
+// podmanMissing skips the test, or fails it when podman is required.
+func podmanMissing(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if podmanRequired() {
+		t.Fatalf(format+" (AUTHLIMIT_E2E_PODMAN=required)", args...)
+	}
+	t.Skipf(format, args...)
+}
+
 // podmanBin returns podman, or skips the test where podman cannot run.
 func podmanBin(t *testing.T) string {
 	t.Helper()
 	bin, err := exec.LookPath("podman")
 	if err != nil {
-		t.Skip("podman is not installed, so the image is neither built nor run here (Debian: apt-get install podman runc; .ci/run installs them)")
+		podmanMissing(t, "podman is not installed, so the image is neither built nor run here (Debian: apt-get install podman runc; .ci/run installs them)")
 	}
 	if out, err := exec.Command(bin, "info").CombinedOutput(); err != nil {
-		t.Skipf("podman cannot run here, so the image is neither built nor run (podman info: %v):\n%s", err, lastLines(string(out), 10))
+		podmanMissing(t, "podman cannot run here, so the image is neither built nor run (podman info: %v):\n%s", err, lastLines(string(out), 10))
 	}
 	return bin
 }
@@ -75,10 +90,16 @@ func repoVersion(t *testing.T) string {
 }
 
 // buildImage runs make image under a tag of the test's own and removes
-// the image when the test ends.
-func buildImage(t *testing.T, pm string) string {
+// the image when the test ends. It returns the tag and the commit checked
+// out when make image ran (a commit made meanwhile must not fail the
+// label's check).
+func buildImage(t *testing.T, pm string) (tag, revision string) {
 	t.Helper()
-	tag := fmt.Sprintf("localhost/authlimit-e2e:%d-%d", os.Getpid(), time.Now().UnixNano())
+	rev, err := exec.Command("git", "-C", bins.repo, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag = fmt.Sprintf("localhost/authlimit-e2e:%d-%d", os.Getpid(), time.Now().UnixNano())
 	build := exec.Command("make", "--no-print-directory", "image", "IMAGE="+tag, "CONTAINER="+pm)
 	build.Dir = bins.repo
 	start := time.Now()
@@ -91,7 +112,7 @@ func buildImage(t *testing.T, pm string) string {
 			t.Logf("remove the image: %v", err)
 		}
 	})
-	return tag
+	return tag, strings.TrimSpace(string(rev))
 }
 
 // imageConfig is what podman image inspect says of an image (the health
@@ -113,9 +134,9 @@ type imageConfig struct {
 func TestImage(t *testing.T) {
 	pm := podmanBin(t)
 	version := repoVersion(t)
-	img := buildImage(t, pm)
+	img, revision := buildImage(t, pm)
 
-	t.Run("contents", func(t *testing.T) { imageContents(t, pm, img, version) })
+	t.Run("contents", func(t *testing.T) { imageContents(t, pm, img, version, revision) })
 	t.Run("chart", func(t *testing.T) { imageAsTheChartRunsIt(t, pm, img) })
 	t.Run("compose", func(t *testing.T) { imageAsComposeRunsIt(t, pm, img, version) })
 }
@@ -125,7 +146,7 @@ func TestImage(t *testing.T) {
 // health check and the OCI labels, and holds nothing but the static,
 // stripped binary, CA certificates and the user's /etc/passwd and
 // /etc/group.
-func imageContents(t *testing.T, pm, img, version string) {
+func imageContents(t *testing.T, pm, img, version, revision string) {
 	dry := exec.Command("make", "-n", "--no-print-directory", "image")
 	dry.Dir = bins.repo
 	out, err := dry.CombinedOutput()
@@ -163,14 +184,10 @@ func imageContents(t *testing.T, pm, img, version string) {
 			t.Errorf("the image does not expose %s: %v", p, c.Config.ExposedPorts)
 		}
 	}
-	rev, err := exec.Command("git", "-C", bins.repo, "rev-parse", "HEAD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for k, want := range map[string]string{
 		"org.opencontainers.image.source":   "https://github.com/authlimit/authlimit",
 		"org.opencontainers.image.version":  version,
-		"org.opencontainers.image.revision": strings.TrimSpace(string(rev)),
+		"org.opencontainers.image.revision": revision,
 	} {
 		if got := c.Config.Labels[k]; got != want {
 			t.Errorf("label %s = %q, want %q", k, got, want)
@@ -600,7 +617,11 @@ func imageAsComposeRunsIt(t *testing.T, pm, img, version string) {
 	}
 
 	if pc, err := exec.LookPath("podman-compose"); err != nil {
-		t.Log("podman-compose is not installed: the compose file is not given to it (Debian: apt-get install podman-compose)")
+		if podmanRequired() {
+			t.Error("podman-compose is not installed (Debian: apt-get install podman-compose; AUTHLIMIT_E2E_PODMAN=required)")
+		} else {
+			t.Log("podman-compose is not installed: the compose file is not given to it (Debian: apt-get install podman-compose)")
+		}
 	} else {
 		project := fmt.Sprintf("authlimit-e2e-%d", os.Getpid())
 		cmd := exec.Command(pc, "--dry-run", "-p", project, "-f", "docker-compose.yml", "up", "-d")

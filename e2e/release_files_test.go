@@ -157,3 +157,64 @@ func TestReleaseWorkflow(t *testing.T) {
 		t.Error("the release does not refuse a tag other than v and make version's")
 	}
 }
+
+// TestCIInstallsWhatTestsNeed: .ci/run, which CI runs on a fresh Debian
+// machine, updates the package lists first, then installs every package a
+// test names when it is missing ("apt-get install X" in a test's message)
+// and the C compiler make test's race detector needs; it configures podman
+// and requires the image tests, and runs make lint, make test and make e2e.
+func TestCIInstallsWhatTestsNeed(t *testing.T) {
+	src := string(readRepo(t, ".ci/run"))
+	// The install command, joined across its continuation lines.
+	joined := strings.ReplaceAll(src, "\\\n", " ")
+	install := regexp.MustCompile(`(?m)^apt-get install ([^\n]*)$`).FindStringSubmatchIndex(joined)
+	if install == nil {
+		t.Fatal(".ci/run runs no apt-get install")
+	}
+	if update := strings.Index(joined, "apt-get update"); update < 0 || update > install[0] {
+		t.Error(".ci/run does not run apt-get update before apt-get install")
+	}
+	installed := map[string]bool{}
+	for _, f := range strings.Fields(joined[install[2]:install[3]]) {
+		installed[f] = true
+	}
+
+	ls := exec.Command("git", "ls-files", "--cached", "--others", "--exclude-standard", "*.go")
+	ls.Dir = repoRoot(t)
+	out, err := ls.Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	asked := map[string]string{"gcc": "make test's -race (cgo)", "libc6-dev": "make test's -race (cgo)"}
+	hint := regexp.MustCompile(`apt-get install ([a-z0-9][a-z0-9 .+-]*)`)
+	for _, rel := range strings.Fields(string(out)) {
+		b, err := os.ReadFile(filepath.Join(repoRoot(t), rel))
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		for _, m := range hint.FindAllStringSubmatch(string(b), -1) {
+			for _, pkg := range strings.Fields(m[1]) {
+				asked[pkg] = rel
+			}
+		}
+	}
+	if len(asked) < 8 {
+		t.Errorf("only %d packages named by the tests: the pattern no longer finds them", len(asked))
+	}
+	for pkg, by := range asked {
+		if !installed[pkg] {
+			t.Errorf(".ci/run does not install %s, which %s needs", pkg, by)
+		}
+	}
+
+	for _, want := range []string{
+		`default_ulimits = []`,
+		`runtime = "runc"`,
+		"\nAUTHLIMIT_E2E_PODMAN=required make e2e\n",
+		"\nmake lint\n", "\nmake test\n",
+	} {
+		if !strings.Contains(src, want) {
+			t.Errorf(".ci/run lacks %q", strings.TrimSpace(want))
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
 // replicas returns n guards, each with its own local store and a store that
@@ -26,7 +27,7 @@ func replicas(t *testing.T, n int, p *algo.Policy) []*Guard {
 		t.Cleanup(func() { _ = mem.Close(); _ = local.Close() })
 		down := &flaky{mem: mem, broken: map[int]error{0: errDown, 1: errDown}}
 		g, err := New(Options{
-			Store: down, Remote: true, FailMode: FailLocal, Local: local, Policies: []*algo.Policy{p}, LocalDivisor: n,
+			Store: down, Remote: true, FailMode: FailLocal, Local: local, Rules: rulesettest.Holder(t, nil, p), LocalDivisor: n,
 			BreakerFailures: 1, BreakerBackoff: time.Hour, BreakerMaxBackoff: time.Hour,
 			ProbeTimeout: time.Second, Registry: prometheus.NewRegistry(), Clock: clock,
 		})
@@ -115,7 +116,7 @@ func TestFullLocalStoreNeverHandsOutFreshQuota(t *testing.T) {
 	}
 	g, err := New(Options{
 		Store: &flaky{mem: mem, broken: map[int]error{0: errDown, 1: errDown}}, Remote: true, FailMode: FailLocal, Local: local,
-		Policies: []*algo.Policy{login, api}, LocalDivisor: 1,
+		Rules: rulesettest.Holder(t, nil, login, api), LocalDivisor: 1,
 		BreakerFailures: 1, BreakerBackoff: time.Hour, BreakerMaxBackoff: time.Hour,
 		ProbeTimeout: time.Second, Registry: prometheus.NewRegistry(), Clock: clock,
 	})

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/ruleset"
 )
 
 // Store decides the policies of one request atomically (the Redis store of
@@ -107,8 +108,12 @@ type Options struct {
 	// records every admission Store makes, so it continues from what
 	// this replica admitted rather than from nothing.
 	Local Store
-	// Policies are every policy Decide will be asked about.
-	Policies []*algo.Policy
+	// Rules holds the rule set in force, read once per decision: the
+	// deny cache keeps its denials under the numbers the set gives its
+	// policies, and forgets them all when a new set comes in (the old
+	// limits decided them). A policy the set does not know is decided
+	// without the deny cache. Default: none is known.
+	Rules *ruleset.Holder
 	// LocalDivisor is the number of replicas deciding locally at once: in
 	// Local, every request costs LocalDivisor times its cost, so that each
 	// replica admits at most its share of every policy and together they
@@ -152,12 +157,13 @@ type Guard struct {
 	// never admits nothing: the local store asks it in place of a policy
 	// that already admits the largest cost, for a request too costly for
 	// a replica's share of that policy (see localRequests).
-	never    *algo.Policy
-	policies atomic.Pointer[policySet]
-	denies   *denyCache
-	metrics  *metrics
-	log      *slog.Logger
-	clock    func() time.Time
+	never   *algo.Policy
+	rules   *ruleset.Holder
+	seen    atomic.Pointer[ruleset.Set] // the set the deny cache's denials are under
+	denies  *denyCache
+	metrics *metrics
+	log     *slog.Logger
+	clock   func() time.Time
 
 	breakers *breakers
 	scratch  sync.Pool // *scratch
@@ -194,6 +200,7 @@ func New(opts Options) (*Guard, error) {
 		failMode: opts.FailMode,
 		local:    opts.Local,
 		divisor:  int64(opts.LocalDivisor),
+		rules:    opts.Rules,
 		log:      opts.Logger,
 		clock:    opts.Clock,
 	}
@@ -205,11 +212,6 @@ func New(opts Options) (*Guard, error) {
 		errs = append(errs, fmt.Errorf("guard: the policy that admits nothing: %w", err))
 	}
 	g.never = never
-	set, err := g.newPolicySet(opts.Policies)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	g.policies.Store(set)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -221,53 +223,6 @@ func New(opts Options) (*Guard, error) {
 	}
 	g.breakers = newBreakers(opts.BreakerFailures, opts.BreakerBackoff, opts.BreakerMaxBackoff, opts.ProbeTimeout, g)
 	return g, nil
-}
-
-// policyKey identifies a policy across rule sets: its name and algorithm,
-// as the stores' keys do. A policy rebuilt with a new limit is its
-// predecessor's successor.
-type policyKey struct {
-	name string
-	alg  algo.Algorithm
-}
-
-func keyOf(p *algo.Policy) policyKey { return policyKey{p.Name(), p.Spec().Algorithm} }
-
-// policySet is what the guard knows of the policies in force, swapped
-// whole by RegisterPolicies. It is keyed by identity, so that a request decided
-// under the previous set finds its policy's successor.
-type policySet struct {
-	// ids are the deny cache's names for the policies.
-	ids map[policyKey]uint32
-}
-
-// newPolicySet builds the set of ps. It reports no error today; a check
-// that a new set must pass before it replaces the old one goes here.
-func (g *Guard) newPolicySet(ps []*algo.Policy) (*policySet, error) {
-	set := &policySet{ids: map[policyKey]uint32{}}
-	for i, p := range ps {
-		set.ids[keyOf(p)] = uint32(i)
-	}
-	return set, nil
-}
-
-// RegisterPolicies puts ps in force in place of the policies the guard was
-// built with, or last given (decide.Engine.SetRules calls it when a rule
-// set is swapped): it checks them all first and, on any problem, keeps the
-// previous ones and reports every problem. A policy
-// whose name and algorithm are unchanged keeps its state in the stores;
-// the deny cache forgets what it remembered, which the previous limits
-// decided.
-func (g *Guard) RegisterPolicies(ps []*algo.Policy) error {
-	set, err := g.newPolicySet(ps)
-	if err != nil {
-		return err
-	}
-	g.policies.Store(set)
-	if g.denies != nil {
-		g.denies.clear()
-	}
-	return nil
 }
 
 // Start gets a remote store ready (see Warmer) and starts probing. If the
@@ -313,11 +268,12 @@ func (g *Guard) DecideWhole(ctx context.Context, reqs []algo.Request, res []algo
 // decide is Decide, the deny cache asked only when cached.
 func (g *Guard) decide(ctx context.Context, reqs []algo.Request, res []algo.Result, cached bool) (bool, error) {
 	now := g.clock()
-	if cached && g.denies != nil && g.fromDenyCache(reqs, res, now) {
+	set := g.ruleSet()
+	if cached && g.fromDenyCache(set, reqs, res, now) {
 		return false, nil
 	}
 	if !g.remote {
-		return g.decideHere(ctx, reqs, res, now)
+		return g.decideHere(ctx, set, reqs, res, now)
 	}
 
 	sc := g.scratch.Get().(*scratch)
@@ -328,17 +284,31 @@ func (g *Guard) decide(ctx context.Context, reqs []algo.Request, res []algo.Resu
 	}
 	start := time.Now()
 	ok, err := g.store.Decide(ctx, reqs, res)
-	return g.settle(ctx, sc, shards, reqs, res, now, start, ok, err)
+	return g.settle(ctx, sc, set, shards, reqs, res, now, start, ok, err)
+}
+
+// ruleSet returns the rule set in force, nil without one. The first
+// decision under a new set empties the deny cache: the previous limits
+// decided its denials.
+func (g *Guard) ruleSet() *ruleset.Set {
+	if g.rules == nil || g.denies == nil {
+		return nil
+	}
+	set := g.rules.Load()
+	if seen := g.seen.Load(); seen != set && g.seen.CompareAndSwap(seen, set) && seen != nil {
+		g.denies.clear()
+	}
+	return set
 }
 
 // decideHere decides with a store in this process (the embedded one),
 // which never fails for want of a connection: no breaker, no fail mode.
-func (g *Guard) decideHere(ctx context.Context, reqs []algo.Request, res []algo.Result, now time.Time) (bool, error) {
+func (g *Guard) decideHere(ctx context.Context, set *ruleset.Set, reqs []algo.Request, res []algo.Result, now time.Time) (bool, error) {
 	start := time.Now()
 	ok, err := g.store.Decide(ctx, reqs, res)
 	g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
 	if err == nil {
-		g.remember(reqs, res, now)
+		g.remember(set, reqs, res, now)
 	}
 	return ok, err
 }
@@ -354,12 +324,12 @@ func (g *Guard) shardsOf(sc *scratch, reqs []algo.Request) []int {
 
 // settle takes the store's answer to a remote decision through the
 // breakers, the deny cache, the local store and the fail mode.
-func (g *Guard) settle(ctx context.Context, sc *scratch, shards []int, reqs []algo.Request, res []algo.Result, now, start time.Time, ok bool, err error) (bool, error) {
+func (g *Guard) settle(ctx context.Context, sc *scratch, set *ruleset.Set, shards []int, reqs []algo.Request, res []algo.Result, now, start time.Time, ok bool, err error) (bool, error) {
 	g.metrics.primaryLatency.Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
 		g.breakers.success(shards)
-		g.remember(reqs, res, now)
+		g.remember(set, reqs, res, now)
 		if ok {
 			g.mirror(ctx, sc, reqs)
 		}
@@ -493,19 +463,21 @@ func (g *Guard) Ready() (ready bool, detail string) {
 // was denied moments ago and cannot pass yet. Only the cached policy's
 // answer is known; the others consumed nothing, and are reported as not
 // decided (algo.Result.NotDecided): their state was not read.
-func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.Time) bool {
+func (g *Guard) fromDenyCache(set *ruleset.Set, reqs []algo.Request, res []algo.Result, now time.Time) bool {
+	if set == nil {
+		return false
+	}
 	hit := -1
-	ids := g.policies.Load().ids
 	for i := range reqs {
 		q := &reqs[i]
 		if q.Shadow {
 			continue
 		}
-		id, known := ids[keyOf(q.Policy)]
+		id, known := set.Index(q.Policy)
 		if !known {
 			continue
 		}
-		if r, ok := g.denies.get(id, q.Key, q.EffectiveCost(), now); ok {
+		if r, ok := g.denies.get(uint32(id), q.Key, q.EffectiveCost(), now); ok {
 			res[i], hit = r, i
 			break
 		}
@@ -523,15 +495,17 @@ func (g *Guard) fromDenyCache(reqs []algo.Request, res []algo.Result, now time.T
 }
 
 // remember puts the store's waiting-cures denials in the deny cache.
-func (g *Guard) remember(reqs []algo.Request, res []algo.Result, now time.Time) {
-	if g.denies == nil {
+func (g *Guard) remember(set *ruleset.Set, reqs []algo.Request, res []algo.Result, now time.Time) {
+	if set == nil {
 		return
 	}
-	ids := g.policies.Load().ids
 	for i := range reqs {
 		q := &reqs[i]
-		if id, known := ids[keyOf(q.Policy)]; known && !q.Shadow && res[i].Reason == algo.ReasonLimited {
-			g.denies.put(id, q.Key, q.EffectiveCost(), res[i], now)
+		if q.Shadow || res[i].Reason != algo.ReasonLimited {
+			continue
+		}
+		if id, known := set.Index(q.Policy); known {
+			g.denies.put(uint32(id), q.Key, q.EffectiveCost(), res[i], now)
 		}
 	}
 }
@@ -593,6 +567,7 @@ type AsyncStore interface {
 type pending struct {
 	g          *Guard
 	sc         *scratch
+	set        *ruleset.Set
 	shards     []int
 	reqs       []algo.Request
 	res        []algo.Result
@@ -624,13 +599,14 @@ func (g *Guard) decideAsync(reqs []algo.Request, res []algo.Result, d algo.Done,
 		return false
 	}
 	now := g.clock()
-	if cached && g.denies != nil && g.fromDenyCache(reqs, res, now) {
+	set := g.ruleSet()
+	if cached && g.fromDenyCache(set, reqs, res, now) {
 		d.Decided(false, nil)
 		return true
 	}
 	ctx := context.Background()
 	if !g.remote {
-		d.Decided(g.decideHere(ctx, reqs, res, now))
+		d.Decided(g.decideHere(ctx, set, reqs, res, now))
 		return true
 	}
 	sc := g.scratch.Get().(*scratch)
@@ -645,7 +621,7 @@ func (g *Guard) decideAsync(reqs []algo.Request, res []algo.Result, d algo.Done,
 	if p == nil {
 		p = &pending{g: g}
 	}
-	p.sc, p.shards, p.reqs, p.res, p.now, p.start, p.d = sc, shards, reqs, res, now, time.Now(), d
+	p.sc, p.set, p.shards, p.reqs, p.res, p.now, p.start, p.d = sc, set, shards, reqs, res, now, time.Now(), d
 	if !as.DecideAsync(reqs, res, p) {
 		*p = pending{g: g}
 		g.pending.Put(p)
@@ -666,7 +642,7 @@ func (p *pending) Decided(ok bool, err error) {
 			d.Decided(false, fmt.Errorf("guard: panic: %v", r))
 		}
 	}()
-	ok, err = g.settle(context.Background(), sc, p.shards, p.reqs, p.res, p.now, p.start, ok, err)
+	ok, err = g.settle(context.Background(), sc, p.set, p.shards, p.reqs, p.res, p.now, p.start, ok, err)
 	*p = pending{g: g}
 	g.pending.Put(p)
 	g.scratch.Put(sc)

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/ruleset"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
 // flaky is a store in front of a memory store whose shards the test breaks:
@@ -115,6 +117,7 @@ type fixture struct {
 	local    *algo.Memory
 	reg      *prometheus.Registry
 	p        *algo.Policy
+	rules    *ruleset.Holder
 }
 
 func newFixture(t *testing.T, mode FailMode, opts ...func(*Options)) *fixture {
@@ -138,13 +141,14 @@ func buildFixture(t *testing.T, async bool, mode FailMode, opts ...func(*Options
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{async: async, store: &flaky{mem: mem, broken: map[int]error{}}, local: local, reg: prometheus.NewRegistry(), p: p}
+	f := &fixture{async: async, store: &flaky{mem: mem, broken: map[int]error{}}, local: local, reg: prometheus.NewRegistry(), p: p,
+		rules: rulesettest.Holder(t, nil, p)}
 	var store Store = f.store
 	if async {
 		store = asyncFlaky{f.store}
 	}
 	o := Options{
-		Store: store, Remote: true, FailMode: mode, Local: local, Policies: []*algo.Policy{p}, LocalDivisor: 2,
+		Store: store, Remote: true, FailMode: mode, Local: local, Rules: f.rules, LocalDivisor: 2,
 		BreakerFailures: 3, BreakerBackoff: 10 * time.Millisecond, BreakerMaxBackoff: 40 * time.Millisecond,
 		ProbeTimeout: time.Second, DenyCacheSize: 100, Registry: f.reg,
 	}

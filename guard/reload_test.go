@@ -2,8 +2,10 @@ package guard
 
 import (
 	"testing"
+	"time"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
 // renewed returns f's policy rebuilt with another limit: the same name and
@@ -19,19 +21,17 @@ func (f *fixture) renewed(t *testing.T, limit int64) *algo.Policy {
 	return p
 }
 
-// TestRegisterPoliciesCarriesTheFallbackOver: after new policies are set, the
+// TestNewRuleSetCarriesTheFallbackOver: after a new rule set is in force, the
 // local store decides the new limit divided, continuing from what the
 // store admitted under the old one.
-func TestRegisterPoliciesCarriesTheFallbackOver(t *testing.T) {
+func TestNewRuleSetCarriesTheFallbackOver(t *testing.T) {
 	f := newFixture(t, FailLocal)
 	for i := 0; i < 4; i++ {
 		if _, ok, err := f.decide(t, "a"); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
 	}
-	if err := f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
-		t.Fatal(err)
-	}
+	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load(), time.Now())
 	f.p = f.renewed(t, 20) // another pointer again: identity, not pointer, counts
 	f.store.breakShard(1, errDown)
 	// Local limit 20/2 = 10; 4 already admitted by the store.
@@ -40,9 +40,9 @@ func TestRegisterPoliciesCarriesTheFallbackOver(t *testing.T) {
 	}
 }
 
-// TestRegisterPoliciesForgetsDenials: a denial the deny cache remembers was
+// TestNewRuleSetForgetsDenials: a denial the deny cache remembers was
 // decided under the previous limit; a raised limit admits at once.
-func TestRegisterPoliciesForgetsDenials(t *testing.T) {
+func TestNewRuleSetForgetsDenials(t *testing.T) {
 	f := newFixture(t, FailLocal)
 	for i := 0; i < 10; i++ {
 		f.decide(t, "b")
@@ -52,9 +52,7 @@ func TestRegisterPoliciesForgetsDenials(t *testing.T) {
 			t.Fatal("the 11th request of a limit of 10 admitted")
 		}
 	}
-	if err := f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
-		t.Fatal(err)
-	}
+	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load(), time.Now())
 	f.p = f.renewed(t, 20)
 	res, ok, err := f.decide(t, "b")
 	if err != nil || !ok {
@@ -65,14 +63,12 @@ func TestRegisterPoliciesForgetsDenials(t *testing.T) {
 	}
 }
 
-// TestRegisterPoliciesLocalShareFollows: once a policy's limit is raised
-// by RegisterPolicies, the local fallback admits this replica's share of
+// TestNewRuleSetLocalShareFollows: once a policy's limit is raised by a
+// new rule set, the local fallback admits this replica's share of
 // the new limit (20/2), charging each request twice its cost.
-func TestRegisterPoliciesLocalShareFollows(t *testing.T) {
+func TestNewRuleSetLocalShareFollows(t *testing.T) {
 	f := newFixture(t, FailLocal)
-	if err := f.g.RegisterPolicies([]*algo.Policy{f.renewed(t, 20)}); err != nil {
-		t.Fatal(err)
-	}
+	f.rules.Store(rulesettest.Holder(t, nil, f.renewed(t, 20)).Load(), time.Now())
 	f.p = f.renewed(t, 20)
 	f.store.breakShard(1, errDown)
 	if got := f.admitted(t, "a", 15); got != 10 {

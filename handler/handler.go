@@ -24,6 +24,7 @@ import (
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset"
 )
 
 // Decider decides the policies of one request atomically: a guard.Guard, or
@@ -108,9 +109,12 @@ func New(opts Options) (*Handler, error) {
 	}
 	e := opts.Engine
 	if e == nil {
-		var err error
+		set, err := ruleset.New(opts.Rules, nil)
+		if err != nil {
+			return nil, err
+		}
 		e, err = decide.New(decide.Options{
-			Rules:      opts.Rules,
+			Rules:      ruleset.NewHolder(set),
 			Decider:    opts.Decider,
 			AllowCIDRs: opts.AllowCIDRs,
 			BlockCIDRs: opts.BlockCIDRs,

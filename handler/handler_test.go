@@ -17,6 +17,7 @@ import (
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 	"github.com/authlimit/authlimit/store/redis"
 )
 
@@ -36,11 +37,7 @@ func newHandler(tb testing.TB, src string, opts ...func(*Options)) *Handler {
 	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	tb.Cleanup(func() { _ = m.Close() })
-	var policies []*algo.Policy
-	for _, r := range rs {
-		policies = append(policies, r.Policies()...)
-	}
-	g, err := guard.New(guard.Options{Store: m, Policies: policies, DenyCacheSize: 1000})
+	g, err := guard.New(guard.Options{Store: m, Rules: rulesettest.Holder(tb, rs), DenyCacheSize: 1000})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -406,16 +403,12 @@ func BenchmarkAuthRedis(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var policies []*algo.Policy
-		for _, r := range rs {
-			policies = append(policies, r.Policy)
-		}
 		store := redis.New(client, redis.Options{Prefix: srv.Prefix(b), Timeout: time.Second})
 		b.Cleanup(func() { _ = store.Close() })
 		local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 		b.Cleanup(func() { _ = local.Close() })
 		g, err := guard.New(guard.Options{
-			Store: store, Remote: true, Local: local, Policies: policies, DenyCacheSize: 1000,
+			Store: store, Remote: true, Local: local, Rules: rulesettest.Holder(b, rs), DenyCacheSize: 1000,
 			BreakerFailures: 5, BreakerBackoff: 100 * time.Millisecond, BreakerMaxBackoff: 500 * time.Millisecond, ProbeTimeout: time.Second,
 		})
 		if err != nil {

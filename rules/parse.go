@@ -123,16 +123,23 @@ func parseRule(n int, src string) (*Rule, error) {
 		order = append(order, k)
 	}
 	name := fields["name"]
+	// bad are the fields missing or whose value did not parse: the checks
+	// that need them are left out, and every other check still runs, so
+	// that one mistake hides none of the others.
+	bad := map[string]bool{}
 	fail := func(field string, err error) {
+		bad[field] = true
 		errs = append(errs, fmt.Errorf("%s %q: %w", field, fields[field], err))
 	}
 
 	r := &Rule{Name: name, Key: []Part{{Kind: PartIP}}}
 	spec := algo.Spec{Name: name, Algorithm: algo.SlidingWindowCounter}
 	if name == "" {
+		bad["name"] = true
 		errs = append(errs, errors.New("name: missing; every rule needs name=<[a-z0-9_-]+>"))
 	}
 	if _, ok := fields["limit"]; !ok {
+		bad["limit"] = true
 		errs = append(errs, errors.New("limit: missing; want limit=<N>/<duration>, such as 100/1m"))
 	}
 	for _, k := range order {
@@ -200,16 +207,17 @@ func parseRule(n int, src string) (*Rule, error) {
 			if c := Closest(k, strings.Split(strings.NewReplacer(",", "", " or", "").Replace(fieldNames), " ")); c != "" {
 				hint = fmt.Sprintf(" (did you mean %s?)", c)
 			}
+			bad[k] = true
 			errs = append(errs, fmt.Errorf("%s: unknown field%s (want %s)", k, hint, fieldNames))
 		}
 		if err != nil {
 			fail(k, err)
 		}
 	}
-	if _, ok := fields["cost_missing"]; ok && r.CostHeader == "" && len(errs) == 0 {
+	if _, ok := fields["cost_missing"]; ok && r.CostHeader == "" && !bad["cost"] && !bad["cost_missing"] {
 		errs = append(errs, errors.New("cost_missing: only with cost=header:<Name>"))
 	}
-	if r.DenyOnMissing && !hasHeaderPart(r.Key) && len(errs) == 0 {
+	if r.DenyOnMissing && !hasHeaderPart(r.Key) && !bad["key"] {
 		fail("on_missing", fmt.Errorf("the key %q has no header: part, so no part of it can be missing and this does nothing: remove on_missing=, or count by a header as well (key=ip+header:<Name>)", keyString(r.Key)))
 	}
 	var warnings []string
@@ -224,18 +232,20 @@ func parseRule(n int, src string) (*Rule, error) {
 	if r.CostHeader != "" && SameHeader([]byte(r.CostHeader), "Content-Length") {
 		warn("cost", errors.New("nginx clears Content-Length on the auth subrequest, which has no body, so every request would cost cost_missing: use cost=header:X-Original-Content-Length, which nginx/example.conf, nginx/openresty.conf and caddy/Caddyfile set to the body's length"))
 	}
-	if len(errs) == 0 {
-		p, err := algo.NewPolicy(spec)
-		if err != nil {
-			for _, e := range unjoin(err) {
-				var se *algo.SpecError
-				if errors.As(e, &se) {
-					errs = append(errs, specError(se, fields))
-				} else {
-					errs = append(errs, e)
-				}
+	parsed := len(errs) == 0
+	p, err := algo.NewPolicy(checkable(spec, bad))
+	if err != nil {
+		for _, e := range unjoin(err) {
+			var se *algo.SpecError
+			switch {
+			case !errors.As(e, &se):
+				errs = append(errs, e)
+			case !specNeeds(se.Field, bad):
+				errs = append(errs, specError(se, fields))
 			}
 		}
+	}
+	if parsed {
 		r.Policy = p
 		if p != nil && r.CostMissing > p.MaxCost() {
 			errs = append(errs, fmt.Errorf("cost_missing %q: %d is more than the rule ever admits at once (%d): every such request would be denied", fields["cost_missing"], r.CostMissing, p.MaxCost()))
@@ -368,6 +378,49 @@ func (r *Rule) compile() {
 
 // specError restates an algo.SpecError with the field as the user wrote it:
 // the policy's window is part of limit=.
+// checkable is spec with each bad field's value replaced by one that
+// passes every check alone and with the others: algo.NewPolicy then
+// reports the mistakes of the fields that parsed, and none of the bad
+// ones' (see specNeeds).
+func checkable(spec algo.Spec, bad map[string]bool) algo.Spec {
+	if bad["name"] {
+		spec.Name = "x"
+	}
+	if bad["limit"] {
+		// The largest limit in the shortest window: no burst, delay or
+		// cost is too much for it, and it refills at once.
+		spec.Limit, spec.Window = algo.MaxLimit, algo.MinWindow
+	}
+	if bad["algorithm"] {
+		// The algorithm that takes a burst and a delay.
+		spec.Algorithm = algo.LeakyBucket
+	}
+	if bad["burst"] {
+		spec.Burst = 0
+	}
+	if bad["delay"] {
+		spec.Delay = 0
+	}
+	if bad["cost"] {
+		spec.Cost = 0
+	}
+	return spec
+}
+
+// specNeeds reports whether algo.NewPolicy's check of field needs a bad
+// field: then checkable's stand-in decided it, not the rule. The cost is
+// checked against what the policy admits at most, which every other field
+// of the policy shapes.
+func specNeeds(field string, bad map[string]bool) bool {
+	switch field {
+	case "window":
+		return bad["limit"]
+	case "cost":
+		return bad["cost"] || bad["limit"] || bad["algorithm"] || bad["burst"] || bad["delay"]
+	}
+	return bad[field]
+}
+
 func specError(se *algo.SpecError, fields map[string]string) error {
 	field := se.Field
 	if field == "window" {

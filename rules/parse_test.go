@@ -254,3 +254,49 @@ func TestParseWarnsOfRulesThatWorkOnlyInSomeSetups(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryMistakeOfARuleAtOnce: a field that does not parse hides none
+// of the rule's other mistakes, and reports none that only its missing
+// value would make.
+func TestEveryMistakeOfARuleAtOnce(t *testing.T) {
+	tests := []struct {
+		src      string
+		want     []string
+		unwanted []string
+	}{
+		{"name=a limit=5/1m algorithm=leaky_bucket delay=2h burst=0",
+			[]string{`burst "0": 0 is not positive`, `delay "2h": 2h0m0s is longer than the maximum`}, nil},
+		{"name=a limit=5/1m algorithm=fixed_window burst=x delay=5s",
+			[]string{`burst "x"`, `delay "5s": fixed_window cannot delay`}, nil},
+		{"name=a limit=oops on_missing=deny",
+			[]string{`limit "oops"`, `on_missing "deny": the key "ip" has no header: part`}, nil},
+		{"name=a limit=5/1m cost_missing=3 shadow=maybe",
+			[]string{`shadow "maybe"`, "cost_missing: only with cost=header:<Name>"}, nil},
+		{"name=Bad limit=5/1m algorithm=gcra delay=1s",
+			[]string{`name "Bad"`, `delay "1s": gcra cannot delay`}, nil},
+		{"name=a limit=5/1m algorithm=token_bucket burst=10 cost=20 key=bogus",
+			[]string{`key "bogus"`, `cost "20": 20 is more than the policy ever admits at once (10)`}, nil},
+		// What the bad field's value would decide is not guessed at.
+		{"name=a limit=oops cost=99", []string{`limit "oops"`}, []string{"cost"}},
+		{"name=a limit=5/1m burst=many cost=99 algorithm=token_bucket", []string{`burst "many"`}, []string{`cost "99"`}},
+		{"name=a limit=5/1m algorithm=nope burst=3", []string{`algorithm "nope"`}, []string{"burst"}},
+		{"name=a key=bogus limit=5/1m on_missing=deny", []string{`key "bogus"`}, []string{"on_missing"}},
+	}
+	for _, tc := range tests {
+		_, err := Parse(tc.src)
+		if err == nil {
+			t.Errorf("Parse(%q) accepted", tc.src)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("Parse(%q):\n%v\nwant a mistake containing %q", tc.src, err, w)
+			}
+		}
+		for _, u := range tc.unwanted {
+			if strings.Contains(err.Error(), u) {
+				t.Errorf("Parse(%q):\n%v\nwant no mistake of %q", tc.src, err, u)
+			}
+		}
+	}
+}

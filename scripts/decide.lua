@@ -4,7 +4,7 @@
 -- rules consumes anything, and a later request of the batch sees what an
 -- earlier one consumed. It is algo/eval.go and algo/log.go in Lua, step for
 -- step and in the same order of floating-point operations; the differential
--- test in package algo holds the two to identical answers.
+-- test in package store/redis holds the two to identical answers.
 --
 -- KEYS: none with a standalone or Sentinel client (the keys are in ARGV[1]);
 --       in Redis Cluster, every key of the batch, all of one hash slot, so
@@ -89,50 +89,32 @@
 -- replaced; a key that cannot be read (an ACL that denies it) fails the
 -- call before anything is written.
 --
--- Cost: Redis runs the script for every batch, so it is written for the
--- instructions Redis executes, counted with callgrind on redis-server
--- (TestCallgrind in package algo, Redis 7.0): a redis.call costs thousands
--- of instructions, a call into C (struct.pack, string.format, tonumber) and
--- a closure's every upvalue several hundred, a Lua function's call and
--- arguments, a table write, a global's lookup or a value unpacked about a
--- hundred each, the arithmetic around them tens. So a window (fixed_window,
--- sliding_window_counter) alone in its call is decided in the chunk itself,
--- with no function, no table and one unpack; any other request of one rule,
--- and most requests of a batch, by single, with no table; a call of one
--- request of several rules in the flat layout in the chunk, with one table
--- and one MGET; a request of several in a batch by rule, which keeps each
--- rule's answer in its locals; single and rule take what they use as
--- arguments. A window counted again in its window keeps
--- its expiry, and its value, if it keeps its length, is written over in
--- place (SETRANGE from 0: SET's OK costs Redis a table, SET ... PX twice
--- what SET ... KEEPTTL does). A fixed_window decision alone in its call
--- costs 44.1k instructions (a naive EVALSHA of INCRBY 22.9k): the EVALSHA
--- itself 13.1k, TIME 6.7k and its conversion 1.3k (every algorithm needs
--- the time, and only Redis's own keeps replicas with skewed clocks
--- agreeing), the GET 3.4k and the SETRANGE 4k, Redis making ARGV 2.2k and
--- Lua's garbage collection 3.8k (a full collection every 50 calls, mostly
--- sweeping Redis's whole Lua heap; an empty script's is 2.2k), unpacking
--- the argument 2.3k, the value's parsing 2.2k and formatting 1.4k, the
--- answer 0.7k; TIME, GET and a SETRANGE alone are 30.6k, and a key per
--- window index with a bare INCRBY (PEXPIRE on the first), Redis TIME and
--- the same integer answer 35.8k, the least a change of format could reach.
--- sliding_window_counter costs 45.6k, a bucket 56.1-56.6k (its SET moves
--- the expiry, as it must: a key lives a full refill or drain after its
--- last write; SET ... PX costs Redis about 9k more than a SETRANGE, and
--- its time is formatted with %d, which costs less than the %.17g Redis
--- formats a number argument with); in batches of 50, 23.9k a decision
--- (fixed_window) and 25.5k (sliding_window_counter). A call of one request
--- of several rules without a sliding_window_log is decided in the chunk
--- too, in the flat layout, its keys read with one MGET:
--- sliding_window_counter and token_bucket on one key cost 91.3k, with gcra
--- 122.3k (by rule, 106.7k and 145.0k). Of those 122.3k, 29.7k come before
--- the rules are read, their unpack 9.7k, the MGET 12.8k (three GETs
--- 15k), deciding the three rules 32k, their three writes 34k and the
--- answer 4k. In a batch, whose call's own costs its requests share, a
--- request of those three rules costs about 103k by rule, as much as the
--- flat layout's decision costs there: what a request of several rules
--- costs is mostly its reads, its writes and their values' parsing and
--- formatting. With a sliding_window_log among three rules, 191.5k.
+-- What each path costs Redis, and why the script is written as it is (a
+-- path per layout, the windows of the one-rule layout in the chunk itself,
+-- functions that take what they use as arguments): scripts/PERF.md.
+
+-- wire names: scripts/layout.go's; scripts.go puts each value in place of its
+-- name, and drops this block, before Redis sees the script.
+local FIXED_WINDOW = 1
+local SLIDING_WINDOW_LOG = 2
+local SLIDING_WINDOW_COUNTER = 3
+local TOKEN_BUCKET = 4
+local LEAKY_BUCKET = 5
+local GCRA = 6
+local REASON_NONE = 0
+local REASON_LIMITED = 1
+local REASON_COST_TOO_HIGH = 2
+local BATCH_LAYOUT = 0
+local FLAT_LAYOUT = 7
+local LEAN_REPLY = 2
+local FLAT_REPLY = 3
+local FLAG_SHADOW = 1
+local FLAG_PINNED_TIME = 2
+local FLAG_REFUND_TOKENS = 1
+local FLAG_SLOTS = 2
+local FLAT_RULE_VALUES = 8
+local POLICY_VALUES = 6
+local EPOCH_MICROS = 1577836800000000
 
 -- Globals and their fields are looked up once, into locals, the one-rule
 -- path's first and the general path's after it.
@@ -142,24 +124,22 @@ local call, pcall = R.call, R.pcall
 local format, match = str.format, str.match
 local tonumber = tonumber
 
-local EPOCH = 1577836800000000 -- 2020-01-01T00:00:00Z in Unix µs
-
 -- One unpack reads the one-rule layout whole, and a batch's three zero
 -- bytes as algorithm 0 and an empty key (and what follows as numbers it
 -- then ignores).
 local blob = ARGV[1]
 local a, lk, L, W, M, sh, c, pos = sunpack('<BHc0dddBd', blob)
 local now, nreq, npol, flags, B, D = -1
-if a == 7 then
+if a == FLAT_LAYOUT then
   -- The flat layout, read as an empty key, the time (L) and the number of
   -- rules (W), what follows being its first rule's.
   now, nreq, pos = L, W, 20
-elseif a ~= 0 then
-  if a > 3 then
+elseif a ~= BATCH_LAYOUT then
+  if a >= TOKEN_BUCKET then
     B, D, pos = sunpack('<dd', blob, pos)
   end
-  if sh > 1 then
-    sh, now = sh - 2, sunpack('<d', blob, pos)
+  if sh >= FLAG_PINNED_TIME then
+    sh, now = sh - FLAG_PINNED_TIME, sunpack('<d', blob, pos)
   end
   nreq, npol, flags = 1, 1, 0
 else
@@ -170,7 +150,7 @@ local slack = 0
 if now < 0 then
   local t = call('TIME')
   -- Arithmetic converts the strings as tonumber does, without its call.
-  now = t[1] * 1000000 + t[2] - EPOCH
+  now = t[1] * 1000000 + t[2] - EPOCH_MICROS
   if now < 0 then
     now = 0
   end
@@ -192,7 +172,7 @@ end
 -- key. MGET answers nil (false) for a key of another type, which reads as
 -- no state and is replaced, as a GET's WRONGTYPE does; a key the user may
 -- not read fails the call before anything is written.
-if a == 7 then
+if a == FLAT_LAYOUT then
   local n = nreq
   local f -- per rule [BBdddddd], then per rule [Hc0]
   if n == 2 then
@@ -203,12 +183,12 @@ if a == 7 then
     f = '<' .. str.rep('BBdddddd', n) .. str.rep('Hc0', n)
   end
   local V = { sunpack(f, blob, pos) }
-  local K = 8 * n -- the keys are V[K + 1] to V[K + n]
+  local K = FLAT_RULE_VALUES * n -- the keys are V[K + 1] to V[K + n]
   local got
   if n == 2 then
-    got = pcall('MGET', V[17], V[18])
+    got = pcall('MGET', V[2 * FLAT_RULE_VALUES + 1], V[2 * FLAT_RULE_VALUES + 2])
   elseif n == 3 then
-    got = pcall('MGET', V[25], V[26], V[27])
+    got = pcall('MGET', V[3 * FLAT_RULE_VALUES + 1], V[3 * FLAT_RULE_VALUES + 2], V[3 * FLAT_RULE_VALUES + 3])
   else
     got = pcall('MGET', unpack(V, K + 1, K + n))
   end
@@ -236,11 +216,11 @@ if a == 7 then
   -- reset after), and what to write: the value and its expiry (ms), or,
   -- written in place, minus the length of the value read.
   local all, compact = 1, true
-  for b = 0, K - 8, 8 do
+  for b = 0, K - FLAT_RULE_VALUES, FLAT_RULE_VALUES do
     local a, sh, L, W, B, D, M, c = V[b + 1], V[b + 2], V[b + 3], V[b + 4], V[b + 5], V[b + 6], V[b + 7], V[b + 8]
-    local v = got[b / 8 + 1]
-    local reason, hrem, hreset, x2, trem, treset, wval, wttl = 1, 0, 0, 0, 0, 0, false, 0
-    if a == 1 or a == 3 then
+    local v = got[b / FLAT_RULE_VALUES + 1]
+    local reason, hrem, hreset, x2, trem, treset, wval, wttl = REASON_LIMITED, 0, 0, 0, 0, 0, false, 0
+    if a == FIXED_WINDOW or a == SLIDING_WINDOW_COUNTER then
       local w, m, x, z
       if v then
         x, m, z = match(v, '^(%x+):(%x+):?(%x*)$')
@@ -249,7 +229,7 @@ if a == 7 then
         end
       end
       local idx = (now - now % W) / W
-      if a == 1 then -- fixed_window
+      if a == FIXED_WINDOW then -- fixed_window
         local cnt, keep = 0, false
         if w and w >= idx then
           idx, cnt, keep = w, m, true
@@ -262,7 +242,7 @@ if a == 7 then
         if c > M or cnt + c > L then
           x2 = ending
         else
-          reason, trem, treset = 0, L - cnt - c, ending
+          reason, trem, treset = REASON_NONE, L - cnt - c, ending
           if keep then
             wval, wttl = x .. ':' .. format('%x', cnt + c), -#v
           else
@@ -314,7 +294,7 @@ if a == 7 then
           if left < 0 then
             left = 0
           end
-          reason, trem, treset = 0, left, 2 * W - e
+          reason, trem, treset = REASON_NONE, left, 2 * W - e
           if keep then
             wval, wttl = x .. ':' .. format('%x', cur + c) .. ':' .. z, -#v
           else
@@ -363,7 +343,7 @@ if a == 7 then
         t, x = sunpack('<dd', v)
       end
       local level, reset
-      if a == 4 then
+      if a == TOKEN_BUCKET then
         level = B
         if t then
           local dt = now - t
@@ -404,7 +384,7 @@ if a == 7 then
       hreset = reset
       if c > M then
         -- denied: cost too high
-      elseif a == 4 then
+      elseif a == TOKEN_BUCKET then
         if level < c then
           local wait = ceil((c - level) * W / L)
           for _ = 1, 4 do
@@ -432,7 +412,7 @@ if a == 7 then
           if fl < reset then
             reset = fl + 1
           end
-          reason, trem, treset = 0, level - level % 1, reset
+          reason, trem, treset = REASON_NONE, level - level % 1, reset
         end
       else
         local over, wait = level + c - B, 0
@@ -472,15 +452,15 @@ if a == 7 then
           if fl < reset then
             reset = fl + 1
           end
-          reason, trem, treset, x2 = 0, left, reset, wait
+          reason, trem, treset, x2 = REASON_NONE, left, reset, wait
           if wait > 0 then
             compact = false
           end
         end
       end
-      if reason == 0 then
+      if reason == REASON_NONE then
         local H = B * W / L -- the key's whole horizon, as rule writes it
-        if a ~= 4 then
+        if a ~= TOKEN_BUCKET then
           H = H + D
         end
         H = H / 1000
@@ -494,11 +474,11 @@ if a == 7 then
       end
     end
     if c > M then
-      reason, x2 = 2, 0
+      reason, x2 = REASON_COST_TOO_HIGH, 0
     end
-    if reason ~= 0 then
+    if reason ~= REASON_NONE then
       compact = false
-      if sh ~= 1 then
+      if sh ~= FLAG_SHADOW then
         all = 0
       end
     end
@@ -506,9 +486,9 @@ if a == 7 then
   end
   -- Phase two: only if the request is admitted, write.
   if all == 1 then
-    for b = 0, K - 8, 8 do
-      if V[b + 1] == 0 then
-        local k, wval, wttl = V[K + b / 8 + 1], V[b + 7], V[b + 8]
+    for b = 0, K - FLAT_RULE_VALUES, FLAT_RULE_VALUES do
+      if V[b + 1] == REASON_NONE then
+        local k, wval, wttl = V[K + b / FLAT_RULE_VALUES + 1], V[b + 7], V[b + 8]
         if wttl > 0 then
           call('SET', k, wval, 'PX', format('%d', wttl))
         elseif #wval ~= -wttl or pcall('SETRANGE', k, '0', wval) ~= -wttl then
@@ -521,22 +501,22 @@ if a == 7 then
   -- remaining and [d] reset after, consumed.
   if compact then
     if n == 2 then
-      return spack('<Bdddd', 3, V[5], V[6], V[13], V[14])
+      return spack('<Bdddd', FLAT_REPLY, V[5], V[6], V[FLAT_RULE_VALUES + 5], V[FLAT_RULE_VALUES + 6])
     elseif n == 3 then
-      return spack('<Bdddddd', 3, V[5], V[6], V[13], V[14], V[21], V[22])
+      return spack('<Bdddddd', FLAT_REPLY, V[5], V[6], V[FLAT_RULE_VALUES + 5], V[FLAT_RULE_VALUES + 6], V[2 * FLAT_RULE_VALUES + 5], V[2 * FLAT_RULE_VALUES + 6])
     end
-    local out = { spack('<B', 3) }
-    for b = 0, K - 8, 8 do
+    local out = { spack('<B', FLAT_REPLY) }
+    for b = 0, K - FLAT_RULE_VALUES, FLAT_RULE_VALUES do
       out[#out + 1] = spack('<dd', V[b + 5], V[b + 6])
     end
     return table.concat(out)
   end
   -- Otherwise the batch's reply for one request (see rule).
   local out = {}
-  for b = 0, K - 8, 8 do
+  for b = 0, K - FLAT_RULE_VALUES, FLAT_RULE_VALUES do
     local reason, rem, reset, retry, delay = V[b + 1], V[b + 2], V[b + 3], V[b + 4], 0
     local ok = 0
-    if reason == 0 then
+    if reason == REASON_NONE then
       ok, retry = 1, 0
       if all == 1 then
         rem, reset, delay = V[b + 5], V[b + 6], V[b + 4]
@@ -545,13 +525,13 @@ if a == 7 then
     if b == 0 then
       out[1] = spack('<BBBdddd', all, ok, reason, rem, reset, retry, delay)
     else
-      out[b / 8 + 1] = spack('<BBdddd', ok, reason, rem, reset, retry, delay)
+      out[b / FLAT_RULE_VALUES + 1] = spack('<BBdddd', ok, reason, rem, reset, retry, delay)
     end
   end
   return table.concat(out)
 end
 
-if lk and a < 4 then
+if lk and a < TOKEN_BUCKET then
   local v = pcall('GET', lk)
   local w, n, x, z
   if v then
@@ -571,7 +551,7 @@ if lk and a < 4 then
   end
   local idx = (now - now % W) / W
   local rem, reset -- an admission's
-  if a == 1 then -- fixed_window
+  if a == FIXED_WINDOW then -- fixed_window
     local cnt, keep = 0, false
     if w and w >= idx then
       idx, cnt, keep = w, n, true
@@ -579,16 +559,16 @@ if lk and a < 4 then
     local ending = (idx + 1) * W - now
     if c > M or cnt + c > L then
       local all, r = 0, 0
-      if sh == 1 then
+      if sh == FLAG_SHADOW then
         all = 1
       end
       if cnt > 0 then
         r = ending
       end
       if c > M then
-        return spack('<BBBdddd', all, 0, 2, L - cnt, r, 0, 0, 0)
+        return spack('<BBBdddd', all, 0, REASON_COST_TOO_HIGH, L - cnt, r, 0, 0, 0)
       end
-      return spack('<BBBdddd', all, 0, 1, L - cnt, r, ending, 0, 0)
+      return spack('<BBBdddd', all, 0, REASON_LIMITED, L - cnt, r, ending, 0, 0)
     end
     if keep then
       local nv = x .. ':' .. format('%x', cnt + c) -- see single
@@ -649,7 +629,7 @@ if lk and a < 4 then
       rem, reset = left, 2 * W - e
     elseif c > M then
       local all, left, r = 0, L - est, 0
-      if sh == 1 then
+      if sh == FLAG_SHADOW then
         all = 1
       end
       left = left - left % 1
@@ -661,7 +641,7 @@ if lk and a < 4 then
       elseif prev > 0 then
         r = W - e
       end
-      return spack('<BBBdddd', all, 0, 2, left, r, 0, 0, 0)
+      return spack('<BBBdddd', all, 0, REASON_COST_TOO_HIGH, left, r, 0, 0, 0)
     end
   end
   if rem then
@@ -670,11 +650,11 @@ if lk and a < 4 then
     if r < 9007199254740992 then
       return r
     end
-    return spack('<Bdd', 2, rem, reset)
+    return spack('<Bdd', LEAN_REPLY, rem, reset)
   end
 end
 
-local tokens_wanted = flags % 2 == 1
+local tokens_wanted = flags % (2 * FLAG_REFUND_TOKENS) >= FLAG_REFUND_TOKENS
 -- The reply formats of a request's first rule (with its admitted byte) and
 -- of the others, with or without refund tokens.
 local FIRST, NEXT = '<BBBdddd', '<BBdddd'
@@ -691,7 +671,7 @@ end
 -- arguments, not as upvalues: making a closure with upvalues costs Redis
 -- several times what the call does.
 local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpack, spack, call, pcall, format, match, tonumber)
-  if a == 1 or a == 3 then -- fixed_window, sliding_window_counter
+  if a == FIXED_WINDOW or a == SLIDING_WINDOW_COUNTER then -- fixed_window, sliding_window_counter
     local v = pcall('GET', k)
     local w, n, x, z
     if v then
@@ -711,7 +691,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
     end
     local idx = (now - now % W) / W
     -- What only a denial answers is worked out only for one.
-    if a == 1 then -- fixed_window
+    if a == FIXED_WINDOW then -- fixed_window
       local cnt, keep = 0, false
       if w and w >= idx then
         idx, cnt, keep = w, n, true
@@ -719,16 +699,16 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       local ending = (idx + 1) * W - now
       if c > M or cnt + c > L then
         local all, reset = 0, 0
-        if sh == 1 then
+        if sh == FLAG_SHADOW then
           all = 1
         end
         if cnt > 0 then
           reset = ending
         end
         if c > M then
-          return spack(FIRST, all, 0, 2, L - cnt, reset, 0, 0, 0)
+          return spack(FIRST, all, 0, REASON_COST_TOO_HIGH, L - cnt, reset, 0, 0, 0)
         end
-        return spack(FIRST, all, 0, 1, L - cnt, reset, ending, 0, 0)
+        return spack(FIRST, all, 0, REASON_LIMITED, L - cnt, reset, ending, 0, 0)
       end
       if keep then
         -- The window's index as read. A value of the same length is
@@ -754,7 +734,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       if lean then
         return L - cnt - c, ending
       end
-      return spack(FIRST, 1, 1, 0, L - cnt - c, ending, 0, 0, idx)
+      return spack(FIRST, 1, 1, REASON_NONE, L - cnt - c, ending, 0, 0, idx)
     end
     -- sliding_window_counter
     local cur, prev, keep = 0, 0, false
@@ -799,10 +779,10 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       if lean then
         return left, 2 * W - e
       end
-      return spack(FIRST, 1, 1, 0, left, 2 * W - e, 0, 0, idx)
+      return spack(FIRST, 1, 1, REASON_NONE, left, 2 * W - e, 0, 0, idx)
     elseif c > M then
       local all, left, reset = 0, L - est, 0
-      if sh == 1 then
+      if sh == FLAG_SHADOW then
         all = 1
       end
       left = left - left % 1
@@ -814,10 +794,10 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       elseif prev > 0 then
         reset = W - e
       end
-      return spack(FIRST, all, 0, 2, left, reset, 0, 0, 0)
+      return spack(FIRST, all, 0, REASON_COST_TOO_HIGH, left, reset, 0, 0, 0)
     end
     -- Denied: the general path works out the wait.
-  elseif a == 4 or a == 5 or a == 6 then -- token_bucket; leaky_bucket and gcra
+  elseif a == TOKEN_BUCKET or a == LEAKY_BUCKET or a == GCRA then -- token_bucket; leaky_bucket and gcra
     local v = pcall('GET', k)
     local t, x
     if v then
@@ -834,7 +814,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
     -- The level now, as level_at below works it out, and x - x % 1 as
     -- floor(x), exactly.
     local level, rem, reset, delay
-    if a == 4 then
+    if a == TOKEN_BUCKET then
       level = B
       if t then
         local dt = now - t
@@ -871,13 +851,13 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
     end
     if c > M then
       local all = 0
-      if sh == 1 then
+      if sh == FLAG_SHADOW then
         all = 1
       end
-      return spack(FIRST, all, 0, 2, rem, reset, 0, 0, 0)
+      return spack(FIRST, all, 0, REASON_COST_TOO_HIGH, rem, reset, 0, 0, 0)
     end
     local admit = false
-    if a == 4 then
+    if a == TOKEN_BUCKET then
       if level >= c then
         admit, level, delay = true, level - c, 0
         rem, reset = level - level % 1, (B - level) * W / L
@@ -903,7 +883,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       end
       -- The key's whole horizon, as the general path writes it.
       local H = B * W / L
-      if a ~= 4 then
+      if a ~= TOKEN_BUCKET then
         H = H + D
       end
       H = H / 1000
@@ -917,7 +897,7 @@ local function single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, lean, sunpa
       if lean and delay == 0 then
         return rem, reset
       end
-      return spack(FIRST, 1, 1, 0, rem, reset, 0, delay, 0)
+      return spack(FIRST, 1, 1, REASON_NONE, rem, reset, 0, delay, 0)
     end
     -- Denied: the general path works out the wait.
   end
@@ -931,20 +911,20 @@ if lk or nreq == 1 and npol == 1 then
     a, L, W, B, D, M, _, _, _, sh, c, k = sunpack('<BdddddBdHBdHc0', blob, pos)
   end
   local s, reset
-  if a ~= 2 and (not lk or a > 3) then -- a window in the one-rule layout was decided above
+  if a ~= SLIDING_WINDOW_LOG and (not lk or a >= TOKEN_BUCKET) then -- a window in the one-rule layout was decided above
     s, reset = single(a, L, W, B, D, M, sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match, tonumber)
   end
   if reset then
     -- Admitted: remaining + (capacity + 1) * reset after, one integer.
     local v = L
-    if a > 3 then
+    if a >= TOKEN_BUCKET then
       v = B
     end
     v = reset * (v + 1) + s
     if v < 9007199254740992 then
       return v
     end
-    return spack('<Bdd', 2, s, reset)
+    return spack('<Bdd', LEAN_REPLY, s, reset)
   end
   if s then
     return s
@@ -959,14 +939,14 @@ end
 -- What only a rare path uses (math's, string.sub) it looks up itself.
 local find, rep, concat = str.find, str.rep, table.concat
 
--- Policies, 6 values each from V[6 * place + 1], in one table built by its
+-- Policies, POLICY_VALUES values each from V[POLICY_VALUES * place + 1], in one table built by its
 -- constructor from one unpack: a table per policy, or a table that grows by
 -- assignment (rehashed at every power of two), costs Redis more than the
 -- rest of a decision.
 local V
 if npol == 1 then
   V = { sunpack('<Bddddd', blob, pos) }
-  pos = V[7]
+  pos = V[POLICY_VALUES + 1]
 elseif npol <= 32 then
   local f = '<BdddddBddddd' -- two, three or more, with no call into C for a few
   if npol == 3 then
@@ -975,11 +955,11 @@ elseif npol <= 32 then
     f = '<' .. rep('Bddddd', npol)
   end
   V = { sunpack(f, blob, pos) }
-  pos = V[6 * npol + 1]
+  pos = V[POLICY_VALUES * npol + 1]
 else
   -- More values than one call should push at once: a policy at a time.
   V = {}
-  for j = 0, 6 * (npol - 1), 6 do
+  for j = 0, POLICY_VALUES * (npol - 1), POLICY_VALUES do
     V[j + 1], V[j + 2], V[j + 3], V[j + 4], V[j + 5], V[j + 6], pos = sunpack('<Bddddd', blob, pos)
   end
 end
@@ -995,7 +975,7 @@ end
 -- lead. So does a call of a user not granted EXISTS (earlier releases
 -- needed it only for refunds), each of whose slots then decides as its
 -- own call would.
-if flags % 4 >= 2 then
+if flags % (2 * FLAG_SLOTS) >= FLAG_SLOTS then
   local p = pos
   for _ = 1, nreq do
     local nrules
@@ -1038,12 +1018,12 @@ local function hexes(v)
 end
 
 -- level_at is a bucket's level at a time: a token bucket's tokens
--- (a == 4), refilling up to B, or a leaky bucket's (and gcra's)
+-- (a == TOKEN_BUCKET), refilling up to B, or a leaky bucket's (and gcra's)
 -- level, draining to 0, from the state (t, x) read, if any. The
 -- level now is worked out inline below, the same way: a closure
 -- and a call cost Redis more than the arithmetic.
 local function level_at(a, t, x, B, L, W, at)
-  if a == 4 then
+  if a == TOKEN_BUCKET then
     if not t then
       return B
     end
@@ -1087,11 +1067,11 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
   -- state no longer matters; a pinned clock adds slack.
   local id, sh, c, k
   id, sh, c, k, pos = sunpack('<HBdHc0', blob, pos)
-  local v = 6 * id
+  local v = POLICY_VALUES * id
   local a, L, W, B, D, M = V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6]
   local OK, HREM, HRESET, HRETRY, TDELAY, TOKEN = 0, 0, 0, 0, 0, 0
   local TREM, TRESET, WVAL, WTTL, WLEN, LAT, LRANK, LTOTAL
-  if a == 1 then -- fixed_window
+  if a == FIXED_WINDOW then -- fixed_window
     local idx, n, keep = (now - now % W) / W, 0, false
     local w, cnt, _, len = hexes(pcall('GET', k))
     if w and w >= idx then
@@ -1122,7 +1102,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
         WTTL = ttl + slack
       end
     end
-  elseif a == 3 then -- sliding_window_counter
+  elseif a == SLIDING_WINDOW_COUNTER then -- sliding_window_counter
     local w, n, pv, len = hexes(pcall('GET', k))
     local idx, cur, prev, keep = (now - now % W) / W, 0, 0, false
     if w then
@@ -1205,7 +1185,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       end
       HRETRY = wait
     end
-  elseif a == 2 then -- sliding_window_log
+  elseif a == SLIDING_WINDOW_LOG then -- sliding_window_log
     local sub, floor, max = string.sub, math.floor, math.max
     -- Constant arguments are strings: Redis converts a number argument
     -- with a printf of its own.
@@ -1271,7 +1251,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
     end
     -- x - x % 1 is floor(x), and f + 1 where f < x ceil(x), exactly.
     local level, reset
-    if a == 4 then
+    if a == TOKEN_BUCKET then
       level = B
       if t then
         local dt = now - t
@@ -1312,7 +1292,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
     HRESET = reset
     if c > M then
       -- denied: cost too high
-    elseif a == 4 then
+    elseif a == TOKEN_BUCKET then
       if level < c then
         local wait = math.ceil((c - level) * W / L)
         for _ = 1, RETRY_STEPS do
@@ -1371,7 +1351,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       -- the difference is Redis's active expiry, which otherwise deletes
       -- a key for every request.
       local H = B * W / L
-      if a ~= 4 then
+      if a ~= TOKEN_BUCKET then
         H = H + D
       end
       H = H / 1000
@@ -1384,7 +1364,7 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
       WVAL, WTTL = spack('<dd', now, level), H + slack
     end
   end
-  if OK == 0 and sh ~= 1 then
+  if OK == 0 and sh ~= FLAG_SHADOW then
     all = 0
   end
   if i < nrules then
@@ -1392,13 +1372,13 @@ local function rule(i, nrules, all, pos, r0, rid, blob, V, now, slack, reply, FI
   end
   -- Phase two: only if the request is admitted, write, and answer with the
   -- counts after consuming; otherwise answer with the counts as they stand.
-  local ok, reason, rem, reset, retry, delay = OK, 0, HREM, HRESET, HRETRY, 0
+  local ok, reason, rem, reset, retry, delay = OK, REASON_NONE, HREM, HRESET, HRETRY, 0
   if c > M then
-    reason, retry = 2, 0
+    reason, retry = REASON_COST_TOO_HIGH, 0
   elseif ok == 0 then
-    reason = 1
+    reason = REASON_LIMITED
   elseif all == 1 then
-    if a ~= 2 then
+    if a ~= SLIDING_WINDOW_LOG then
       if WTTL == 0 then
         -- In place if it keeps its length (see single).
         if #WVAL ~= WLEN or pcall('SETRANGE', k, '0', WVAL) ~= WLEN then
@@ -1453,10 +1433,10 @@ for _ = 1, nreq do
   local nrules, rid, id, sh, c, k, at = sunpack('<BdHBdHc0', blob, pos)
   local s, reset
   if nrules == 1 and not lk then
-    local v = 6 * id
+    local v = POLICY_VALUES * id
     s, reset = single(V[v + 1], V[v + 2], V[v + 3], V[v + 4], V[v + 5], V[v + 6], sh, c, k, now, slack, FIRST, not tokens_wanted, sunpack, spack, call, pcall, format, match, tonumber)
     if reset then
-      s = spack('<Bdd', 2, s, reset)
+      s = spack('<Bdd', LEAN_REPLY, s, reset)
     end
     if s then
       r = r + 1

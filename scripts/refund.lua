@@ -30,13 +30,21 @@ local sub, format, find = string.sub, string.format, string.find
 local min, max = math.min, math.max
 local call = redis.call
 
-local EPOCH = 1577836800000000
+-- wire names: scripts/layout.go's; scripts.go puts each value in place of its
+-- name, and drops this block, before Redis sees the script.
+local FIXED_WINDOW = 1
+local SLIDING_WINDOW_LOG = 2
+local SLIDING_WINDOW_COUNTER = 3
+local TOKEN_BUCKET = 4
+local LEAKY_BUCKET = 5
+local GCRA = 6
+local EPOCH_MICROS = 1577836800000000
 
 local blob = ARGV[1]
 local now, nrules, npol, pos = sunpack('<dHH', blob)
 if now < 0 then
   local t = call('TIME')
-  now = max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH, 0)
+  now = max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - EPOCH_MICROS, 0)
 end
 
 local PA, PL, PW, PB = {}, {}, {}, {}
@@ -83,13 +91,13 @@ for _ = 1, nrules do
   local id, cost, k, tok, rid
   id, cost, k, tok, rid, pos = sunpack('<HdHc0dd', blob, pos)
   local a = PA[id]
-  if a == 1 then -- fixed_window: the window decide.lua wrote, if still stored
+  if a == FIXED_WINDOW then -- fixed_window: the window decide.lua wrote, if still stored
     local w, n = hexes(readable(redis.pcall('GET', k)))
     if w == tok then
       call('SET', k, format('%x:%x', w, max(n - cost, 0)), 'KEEPTTL')
     end
     settled = settled + 1
-  elseif a == 3 then -- sliding_window_counter: the window, or it as the previous
+  elseif a == SLIDING_WINDOW_COUNTER then -- sliding_window_counter: the window, or it as the previous
     local w, n, p = hexes(readable(redis.pcall('GET', k)))
     if w == tok then
       call('SET', k, format('%x:%x:%x', w, max(n - cost, 0), p), 'KEEPTTL')
@@ -97,10 +105,10 @@ for _ = 1, nrules do
       call('SET', k, format('%x:%x:%x', w, n, max(p - cost, 0)), 'KEEPTTL')
     end
     settled = settled + 1
-  elseif a == 4 or a == 5 or a == 6 then
+  elseif a == TOKEN_BUCKET or a == LEAKY_BUCKET or a == GCRA then
     local t, x = pair(readable(redis.pcall('GET', k)))
     if t then
-      if a == 4 then -- token_bucket: give the tokens back
+      if a == TOKEN_BUCKET then -- token_bucket: give the tokens back
         x = min(PB[id], x + cost)
       else -- leaky_bucket, gcra: drain the cost
         x = max(x - cost, 0)
@@ -108,7 +116,7 @@ for _ = 1, nrules do
       call('SET', k, spack('<dd', t, x), 'KEEPTTL')
     end
     settled = settled + 1
-  elseif a == 2 then -- sliding_window_log: remove the request's entry, shift the later ones
+  elseif a == SLIDING_WINDOW_LOG then -- sliding_window_log: remove the request's entry, shift the later ones
     -- The entry is found by its time and the request's id: other refunds
     -- may have renumbered its total since.
     local suffix = format(':%x', rid)

@@ -15,7 +15,8 @@ import (
 // adminSettings reads AUTHLIMIT_ADMIN_LISTEN and AUTHLIMIT_ADMIN_TOKEN: an
 // admin API without a token would let anyone on its network reset
 // quotas, so a listen address without one is a mistake.
-func adminSettings(c *config, s *settings, problem func(string, error)) {
+func adminSettings(s *settings, _ map[string]string, p *problems) {
+	c, problem := &s.config, p.add
 	if c.AdminListen == "" {
 		if c.AdminToken != "" {
 			s.warnings = append(s.warnings, envPrefix+"ADMIN_TOKEN is set, AUTHLIMIT_ADMIN_LISTEN is not: there is no admin API")
@@ -106,13 +107,11 @@ func (a *app) newAdmin(s *settings) error {
 // force since, described as -check does, credentials hidden.
 func (a *app) effectiveConfig(s *settings) admin.Config {
 	rulesHash, rlsHash, at := a.reload.state()
+	set := a.sets.Load()
 	now := *s
-	now.rules = a.engine.Rules()
-	now.rulesHash = rulesHash
+	now.rules, now.rls = set.Rules(), set.RLS()
+	now.rulesHash, now.rlsHash = rulesHash, rlsHash
 	now.defaultRules = s.defaultRules && rulesHash == s.rulesHash
-	if a.reload.rls != nil {
-		now.rls = a.reload.rlsConfig()
-	}
 	hashes := map[string]string{configRules: rulesHash}
 	if rlsHash != "" {
 		hashes[configRLS] = rlsHash

@@ -1,16 +1,12 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
-	"net/url"
-	"os"
 	"reflect"
 	"slices"
 	"sort"
@@ -26,7 +22,6 @@ import (
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
-	"github.com/authlimit/authlimit/store/redis"
 )
 
 // envPrefix starts every variable authlimit reads.
@@ -116,6 +111,7 @@ type settings struct {
 	rules         []*rules.Rule
 	defaultRules  bool
 	rulesHash     string // of the rules in force, see rulesHash
+	rlsHash       string // of AUTHLIMIT_RLS_CONFIG's files, see hashRLS
 	failMode      guard.FailMode
 	trusted       []netip.Prefix
 	grpcPeers     []netip.Prefix // the peers the gRPC listener serves
@@ -172,17 +168,56 @@ type ConfigError struct {
 func (e *ConfigError) Error() string { return e.Var + ": " + e.Err.Error() }
 func (e *ConfigError) Unwrap() error { return e.Err }
 
-// loadConfig reads the AUTHLIMIT_* variables of environ and validates them,
-// reporting every problem at once (errors.Join of *ConfigError).
+// loadConfig reads the AUTHLIMIT_* variables of environ and validates them
+// in steps that share one list of problems, reporting every problem at
+// once (errors.Join of *ConfigError).
 func loadConfig(environ map[string]string) (*settings, error) {
-	c := defaultConfig()
-	var errs []error
-	unparsed := map[string]bool{} // variables whose value could not be read
-	problem := func(field string, err error) {
-		if !unparsed[field] {
-			errs = append(errs, &ConfigError{Var: envPrefix + field, Err: err})
-		}
+	p := &problems{unparsed: map[string]bool{}}
+	s := &settings{config: readEnv(environ, p)}
+	for _, step := range []func(*settings, map[string]string, *problems){
+		unknownVariables,
+		listenSettings,
+		storeSettings,
+		grpcSettings,
+		adminSettings,
+		memorySettings,
+		topSettings,
+		ruleSettings,
+		clientSettings,
+		grpcPeerSettings,
+		spoaSettings,
+		decisionSettings,
+		limitSettings,
+		logSettings,
+	} {
+		step(s, environ, p)
 	}
+	if len(p.errs) > 0 {
+		return nil, errors.Join(p.errs...)
+	}
+	return s, nil
+}
+
+// problems are the configuration's mistakes, each naming its variable.
+type problems struct {
+	errs []error
+	// unparsed are the variables whose value could not be read: their
+	// value is the default, and no further mistake of theirs is reported.
+	unparsed map[string]bool
+}
+
+// add adds a mistake of the variable envPrefix+field.
+func (p *problems) add(field string, err error) {
+	if !p.unparsed[field] {
+		p.errs = append(p.errs, &ConfigError{Var: envPrefix + field, Err: err})
+	}
+}
+
+// readEnv reads environ's AUTHLIMIT_* variables into a config, with the
+// defaults of those unset. A variable set but empty, or whose value is not
+// of its type, is a mistake, and left unparsed.
+func readEnv(environ map[string]string, p *problems) config {
+	c := defaultConfig()
 	// A variable that is set must say something: empty would silently mean
 	// the default, which for some (the trusted proxies) is the opposite of
 	// what an operator emptying it may mean.
@@ -192,30 +227,34 @@ func loadConfig(environ map[string]string) (*settings, error) {
 			if f.key == "TRUSTED_PROXIES" {
 				hint = ", or none to trust no proxy"
 			}
-			problem(f.key, fmt.Errorf("set but empty: unset it for the default (%s)%s", f.def, hint))
-			unparsed[f.key] = true
+			p.add(f.key, fmt.Errorf("set but empty: unset it for the default (%s)%s", f.def, hint))
+			p.unparsed[f.key] = true
 		}
 	}
 	if err := env.ParseWithOptions(&c, env.Options{Prefix: envPrefix, Environment: environ}); err != nil {
 		keys := envKeys()
 		var agg env.AggregateError
-		if errors.As(err, &agg) {
-			for _, e := range agg.Errors {
-				var pe env.ParseError
-				if errors.As(e, &pe) {
-					key := keys[pe.Name]
-					problem(key, fmt.Errorf("%q is not %s", environ[envPrefix+key], typeHint(pe.Type)))
-					unparsed[key] = true
-					continue
-				}
-				errs = append(errs, e)
+		if !errors.As(err, &agg) {
+			p.errs = append(p.errs, err)
+			return c
+		}
+		for _, e := range agg.Errors {
+			var pe env.ParseError
+			if errors.As(e, &pe) {
+				key := keys[pe.Name]
+				p.add(key, fmt.Errorf("%q is not %s", environ[envPrefix+key], typeHint(pe.Type)))
+				p.unparsed[key] = true
+				continue
 			}
-		} else {
-			errs = append(errs, err)
+			p.errs = append(p.errs, e)
 		}
 	}
-	s := &settings{config: c}
+	return c
+}
 
+// unknownVariables refuses AUTHLIMIT_* variables authlimit does not read,
+// suggesting the one meant.
+func unknownVariables(s *settings, environ map[string]string, p *problems) {
 	known := map[string]bool{}
 	for _, k := range envKeys() {
 		known[envPrefix+k] = true
@@ -227,40 +266,48 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	}
 	sort.Strings(s.unknownEnvVars)
 	for _, k := range s.unknownEnvVars {
-		errs = append(errs, &ConfigError{Var: k, Err: fmt.Errorf("unknown variable%s", suggest(k, known))})
+		p.errs = append(p.errs, &ConfigError{Var: k, Err: fmt.Errorf("unknown variable%s", suggest(k, known))})
 	}
+}
 
+// listenSettings reads AUTHLIMIT_LISTEN and AUTHLIMIT_PPROF_LISTEN.
+func listenSettings(s *settings, _ map[string]string, p *problems) {
+	c := &s.config
 	if strings.HasPrefix(c.Listen, "unix:") {
 		s.listenNetwork, s.listenAddress = "unix", strings.TrimPrefix(c.Listen, "unix:")
 		if s.listenAddress == "" {
-			problem("LISTEN", errors.New(`"unix:" needs a socket path, such as unix:/run/authlimit.sock`))
+			p.add("LISTEN", errors.New(`"unix:" needs a socket path, such as unix:/run/authlimit.sock`))
 		}
 	} else if err := checkHostPort(c.Listen); err != nil {
-		problem("LISTEN", fmt.Errorf("%q is not host:port or unix:<path> (such as :8080 or 127.0.0.1:8080): %w", c.Listen, err))
+		p.add("LISTEN", fmt.Errorf("%q is not host:port or unix:<path> (such as :8080 or 127.0.0.1:8080): %w", c.Listen, err))
 	} else {
 		s.listenNetwork, s.listenAddress = "tcp", c.Listen
 	}
 	if c.PprofListen != "" {
 		if err := checkHostPort(c.PprofListen); err != nil {
-			problem("PPROF_LISTEN", fmt.Errorf("%q is not host:port: %w", c.PprofListen, err))
+			p.add("PPROF_LISTEN", fmt.Errorf("%q is not host:port: %w", c.PprofListen, err))
 		}
 	}
+}
 
-	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&c, problem)
-	grpcSettings(&c, s, problem)
-	adminSettings(&c, s, problem)
-	memorySettings(&c, problem)
-	topSettings(&c, problem)
+// storeSettings reads the AUTHLIMIT_REDIS_* variables.
+func storeSettings(s *settings, _ map[string]string, p *problems) {
+	s.redisOptions, s.redisPlain, s.redisDisplay = redisSettings(&s.config, p.add)
+}
 
+// ruleSettings reads AUTHLIMIT_RULES or AUTHLIMIT_RULES_FILE (the default
+// rule without either), with the rules' warnings and hash.
+func ruleSettings(s *settings, environ map[string]string, p *problems) {
+	c := &s.config
 	_, rulesSet := environ[envPrefix+"RULES"]
 	switch {
 	case c.RulesFile != "" && rulesSet:
-		problem("RULES_FILE", errors.New("set together with AUTHLIMIT_RULES: set one of them"))
+		p.add("RULES_FILE", errors.New("set together with AUTHLIMIT_RULES: set one of them"))
 	case c.RulesFile != "":
 		rs, err := loadRulesFile(c.RulesFile)
 		if err != nil {
 			for _, e := range unjoin(err) {
-				problem("RULES_FILE", e)
+				p.add("RULES_FILE", e)
 			}
 		}
 		s.rules = rs
@@ -271,7 +318,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		rs, err := rules.Parse(c.Rules)
 		if err != nil {
 			for _, e := range unjoin(err) {
-				problem("RULES", e)
+				p.add("RULES", e)
 			}
 		}
 		s.rules = rs
@@ -286,27 +333,51 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		}
 	}
 	s.rulesHash = rulesHash(s.rules)
+}
 
+// clientSettings reads what finds and groups the client: the trusted
+// proxies, the allow and block lists, the IP grouping and the headers
+// that carry the original request.
+func clientSettings(s *settings, _ map[string]string, p *problems) {
+	c := &s.config
 	if len(c.TrustedProxies) == 1 && strings.TrimSpace(c.TrustedProxies[0]) == "none" {
 		s.trusted = nil
 	} else {
-		s.trusted = parsePrefixes("TRUSTED_PROXIES", c.TrustedProxies, problem)
+		s.trusted = parsePrefixes("TRUSTED_PROXIES", c.TrustedProxies, p.add)
 	}
-	spoaSettings(&c, s, problem)
-	s.allow = parsePrefixes("ALLOW_CIDRS", c.AllowCIDRs, problem)
-	s.block = parsePrefixes("BLOCK_CIDRS", c.BlockCIDRs, problem)
-	grpcPeerSettings(&c, s, problem)
+	s.allow = parsePrefixes("ALLOW_CIDRS", c.AllowCIDRs, p.add)
+	s.block = parsePrefixes("BLOCK_CIDRS", c.BlockCIDRs, p.add)
+	if c.IPv4Prefix < 1 || c.IPv4Prefix > 32 {
+		p.add("IPV4_PREFIX", fmt.Errorf("%d is not a prefix length from 1 to 32", c.IPv4Prefix))
+	}
+	if c.IPv6Prefix < 1 || c.IPv6Prefix > 128 {
+		p.add("IPV6_PREFIX", fmt.Errorf("%d is not a prefix length from 1 to 128", c.IPv6Prefix))
+	}
+	for field, v := range map[string]string{"METHOD_HEADER": c.MethodHeader, "URI_HEADER": c.URIHeader, "HOST_HEADER": c.HostHeader, "URL_HEADER": c.URLHeader} {
+		if field == "URL_HEADER" && v == "" {
+			continue // optional
+		}
+		if v == "" || strings.ContainsAny(v, " \t\r\n:()<>@,;\\\"/[]?={}") {
+			p.add(field, fmt.Errorf("%q is not a header name", v))
+		}
+	}
+}
 
+// decisionSettings reads how decisions are made and answered: the deny
+// status, the fail mode and its divisor, the key prefix, the deny cache
+// and the circuit breaker.
+func decisionSettings(s *settings, environ map[string]string, p *problems) {
+	c := &s.config
 	if c.DenyStatus < 400 || c.DenyStatus > 599 {
-		problem("DENY_STATUS", fmt.Errorf("%d is not a 4xx or 5xx status (nginx auth_request passes only 401 and 403: use 403 and map it to 429)", c.DenyStatus))
+		p.add("DENY_STATUS", fmt.Errorf("%d is not a 4xx or 5xx status (nginx auth_request passes only 401 and 403: use 403 and map it to 429)", c.DenyStatus))
 	}
 	var err error
 	if s.failMode, err = guard.ParseFailMode(c.FailMode); err != nil {
-		problem("FAIL_MODE", err)
+		p.add("FAIL_MODE", err)
 	}
 	positive := func(field string, v int) {
 		if v < 1 {
-			problem(field, fmt.Errorf("%d is not positive", v))
+			p.add(field, fmt.Errorf("%d is not positive", v))
 		}
 	}
 	positive("LOCAL_DIVISOR", c.LocalDivisor)
@@ -315,26 +386,25 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	if v := environ[envPrefix+"MAX_CONNS"]; strings.TrimSpace(v) != "" {
 		positive("MAX_CONNS", c.MaxConns)
 	}
-	if c.IPv4Prefix < 1 || c.IPv4Prefix > 32 {
-		problem("IPV4_PREFIX", fmt.Errorf("%d is not a prefix length from 1 to 32", c.IPv4Prefix))
-	}
-	if c.IPv6Prefix < 1 || c.IPv6Prefix > 128 {
-		problem("IPV6_PREFIX", fmt.Errorf("%d is not a prefix length from 1 to 128", c.IPv6Prefix))
-	}
 	if c.KeyPrefix == "" || strings.ContainsAny(c.KeyPrefix, "{} \t\r\n") {
-		problem("KEY_PREFIX", fmt.Errorf("%q must be non-empty, without braces or spaces", c.KeyPrefix))
-	}
-	for field, v := range map[string]string{"METHOD_HEADER": c.MethodHeader, "URI_HEADER": c.URIHeader, "HOST_HEADER": c.HostHeader, "URL_HEADER": c.URLHeader} {
-		if field == "URL_HEADER" && v == "" {
-			continue // optional
-		}
-		if v == "" || strings.ContainsAny(v, " \t\r\n:()<>@,;\\\"/[]?={}") {
-			problem(field, fmt.Errorf("%q is not a header name", v))
-		}
+		p.add("KEY_PREFIX", fmt.Errorf("%q must be non-empty, without braces or spaces", c.KeyPrefix))
 	}
 	if c.DenyCacheSize < 0 {
-		problem("DENY_CACHE_SIZE", fmt.Errorf("%d is negative (0 disables the deny cache)", c.DenyCacheSize))
+		p.add("DENY_CACHE_SIZE", fmt.Errorf("%d is negative (0 disables the deny cache)", c.DenyCacheSize))
 	}
+	switch {
+	case c.BreakerMaxBackoff < time.Millisecond || c.BreakerMaxBackoff > maxBreakerBackoff:
+		p.add("BREAKER_MAX_BACKOFF", fmt.Errorf("%v is not between 1ms and %v: an open circuit waits up to this long between probes, and decisions must be back on Redis within 2s of Redis answering again", c.BreakerMaxBackoff, maxBreakerBackoff))
+	case c.BreakerBackoff > c.BreakerMaxBackoff && c.BreakerBackoff <= maxBreakerBackoff && !p.unparsed["BREAKER_MAX_BACKOFF"]:
+		p.add("BREAKER_BACKOFF", fmt.Errorf("%v is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (%v): the gap between probes starts here and doubles up to that", c.BreakerBackoff, c.BreakerMaxBackoff))
+	}
+}
+
+// limitSettings reads the bounds on time and size: the Redis budget and
+// pool, the breaker's first backoff, the shutdown timeout, the largest
+// header block.
+func limitSettings(s *settings, _ map[string]string, p *problems) {
+	c := &s.config
 	durations := []struct {
 		field    string
 		v        time.Duration
@@ -346,257 +416,25 @@ func loadConfig(environ map[string]string) (*settings, error) {
 	}
 	for _, d := range durations {
 		if d.v < d.min || d.v > d.max {
-			problem(d.field, fmt.Errorf("%v is not between %v and %v", d.v, d.min, d.max))
+			p.add(d.field, fmt.Errorf("%v is not between %v and %v", d.v, d.min, d.max))
 		}
-	}
-	switch {
-	case c.BreakerMaxBackoff < time.Millisecond || c.BreakerMaxBackoff > maxBreakerBackoff:
-		problem("BREAKER_MAX_BACKOFF", fmt.Errorf("%v is not between 1ms and %v: an open circuit waits up to this long between probes, and decisions must be back on Redis within 2s of Redis answering again", c.BreakerMaxBackoff, maxBreakerBackoff))
-	case c.BreakerBackoff > c.BreakerMaxBackoff && c.BreakerBackoff <= maxBreakerBackoff && !unparsed["BREAKER_MAX_BACKOFF"]:
-		problem("BREAKER_BACKOFF", fmt.Errorf("%v is more than AUTHLIMIT_BREAKER_MAX_BACKOFF (%v): the gap between probes starts here and doubles up to that", c.BreakerBackoff, c.BreakerMaxBackoff))
 	}
 	if c.RedisPoolSize < 1 || c.RedisPoolSize > 256 {
-		problem("REDIS_POOL_SIZE", fmt.Errorf("%d is not between 1 and 256", c.RedisPoolSize))
+		p.add("REDIS_POOL_SIZE", fmt.Errorf("%d is not between 1 and 256", c.RedisPoolSize))
 	}
 	if c.MaxHeaderBytes < 4096 || c.MaxHeaderBytes > 1<<20 {
-		problem("MAX_HEADER_BYTES", fmt.Errorf("%d is not between 4096 and 1048576", c.MaxHeaderBytes))
-	}
-	if err := s.logLevel.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		problem("LOG_LEVEL", fmt.Errorf("%q is not debug, info, warn or error", c.LogLevel))
-	}
-	if c.LogFormat != "json" && c.LogFormat != "text" {
-		problem("LOG_FORMAT", fmt.Errorf("%q is not json or text", c.LogFormat))
-	}
-	s.config = c
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	return s, nil
-}
-
-// redisSpareConns is how many connections per node serve probes, pings
-// and refunds, besides those that carry decisions.
-const redisSpareConns = 4
-
-// redisSettings turns the REDIS_* variables into client options, or nil for
-// the embedded memory store. Standalone mode also gets plain client options,
-// which keep a unix:// URL's network.
-func redisSettings(c *config, problem func(string, error)) (*goredis.UniversalOptions, *goredis.Options, string) {
-	if c.RedisURL == "" {
-		if c.RedisMode != "standalone" || len(c.RedisAddrs) > 0 || c.RedisMaster != "" {
-			problem("REDIS_URL", errors.New("not set, but other AUTHLIMIT_REDIS_* variables are: set it, or unset them for the embedded store"))
-		}
-		return nil, nil, "memory (embedded, this instance only)"
-	}
-	base, err := parseRedisURL(c.RedisURL)
-	if err != nil {
-		problem("REDIS_URL", err)
-		return nil, nil, ""
-	}
-	for _, a := range c.RedisAddrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			problem("REDIS_ADDRS", fmt.Errorf("%q is not host:port", a))
-		}
-	}
-	if base.TLSConfig != nil {
-		tlsSettings(c, base.TLSConfig, problem)
-	} else if c.RedisCAFile != "" || c.RedisCertFile != "" || c.RedisKeyFile != "" {
-		problem("REDIS_CA_FILE", errors.New("the TLS files need a rediss:// URL"))
-	}
-	// Decisions carry a deadline: the client must respect it, and a pool
-	// wait must not outlast it.
-	base.ContextTimeoutEnabled = true
-	base.DialTimeout = max(c.RedisTimeout, time.Second)
-	if base.TLSConfig != nil {
-		// go-redis's TLS dialing ignores the dial's context: a decision
-		// that dials a Redis that accepts and never completes the
-		// handshake would wait the dial timeout, not its budget.
-		base.Dialer = redis.TLSDialer(base.TLSConfig, base.DialTimeout)
-	}
-	base.PoolTimeout = c.RedisTimeout
-	// REDIS_POOL_SIZE connections carry decisions, a batch each; a few more
-	// serve probes, pings and refunds. Those that carry decisions are
-	// opened at start and kept, so that a burst never waits for a dial;
-	// the pool dials nothing in the background (no minimum of idle
-	// connections), so nothing dials during a burst. In a cluster they are
-	// the pool's; a standalone or Sentinel store opens its own (see
-	// redis.Options.Conns), and its pool keeps only the few.
-	base.PoolSize = c.RedisPoolSize + redisSpareConns
-	base.ConnMaxIdleTime = -1
-	base.ClientName = "authlimit"
-	// RESP2: authlimit needs no push messages, and go-redis looks for them
-	// before every RESP3 call.
-	base.Protocol = 2
-	// A refused dial fails at once (the fail mode answers), and a call is
-	// never sent twice: one whose reply was lost may have consumed, and a
-	// retry would count its requests again.
-	base.DialerRetries = 1
-	base.MaxRetries = -1
-	o := &goredis.UniversalOptions{
-		Addrs:                 append([]string{base.Addr}, c.RedisAddrs...),
-		Username:              base.Username,
-		Password:              base.Password,
-		DB:                    base.DB,
-		TLSConfig:             base.TLSConfig,
-		Dialer:                base.Dialer,
-		PoolSize:              base.PoolSize,
-		ConnMaxIdleTime:       base.ConnMaxIdleTime,
-		ContextTimeoutEnabled: true,
-		DialTimeout:           base.DialTimeout,
-		PoolTimeout:           base.PoolTimeout,
-		ClientName:            base.ClientName,
-		Protocol:              base.Protocol,
-		DialerRetries:         base.DialerRetries,
-		MaxRetries:            base.MaxRetries,
-	}
-	display := redactURL(c.RedisURL)
-	switch c.RedisMode {
-	case "standalone":
-		if len(c.RedisAddrs) > 0 {
-			problem("REDIS_ADDRS", errors.New("only for cluster (seed nodes) or sentinel (sentinels) mode"))
-		}
-		if c.RedisMaster != "" {
-			problem("REDIS_MASTER", errors.New("only for sentinel mode"))
-		}
-		base.PoolSize, o.PoolSize = redisSpareConns, redisSpareConns
-		return o, base, "redis standalone " + display
-	case "cluster":
-		if c.RedisMaster != "" {
-			problem("REDIS_MASTER", errors.New("only for sentinel mode"))
-		}
-		if base.DB != 0 {
-			problem("REDIS_URL", errors.New("a Redis Cluster has only database 0"))
-		}
-		if base.Network == "unix" {
-			problem("REDIS_URL", errors.New("cluster mode needs redis:// or rediss:// node addresses"))
-		}
-		o.IsClusterMode = true
-		return o, nil, fmt.Sprintf("redis cluster, seeds %s", strings.Join(o.Addrs, ", "))
-	case "sentinel":
-		if c.RedisMaster == "" {
-			problem("REDIS_MASTER", errors.New("sentinel mode needs the master's name, as the sentinels know it"))
-		}
-		if base.Network == "unix" {
-			problem("REDIS_URL", errors.New("sentinel mode needs redis:// or rediss:// sentinel addresses"))
-		}
-		o.PoolSize = redisSpareConns
-		o.MasterName = c.RedisMaster
-		o.SentinelUsername = c.RedisSentinelUsername
-		o.SentinelPassword = c.RedisSentinelPassword
-		return o, nil, fmt.Sprintf("redis sentinel, master %q via %s", c.RedisMaster, strings.Join(o.Addrs, ", "))
-	default:
-		problem("REDIS_MODE", fmt.Errorf("%q is not standalone, cluster or sentinel", c.RedisMode))
-		return nil, nil, ""
+		p.add("MAX_HEADER_BYTES", fmt.Errorf("%d is not between 4096 and 1048576", c.MaxHeaderBytes))
 	}
 }
 
-// tlsSettings adds the REDIS_*_FILE settings to a rediss:// URL's TLS
-// configuration: the CAs to trust instead of the system's, and a client
-// certificate.
-func tlsSettings(c *config, t *tls.Config, problem func(string, error)) {
-	if c.RedisCAFile != "" {
-		pem, err := os.ReadFile(c.RedisCAFile)
-		pool := x509.NewCertPool()
-		switch {
-		case err != nil:
-			problem("REDIS_CA_FILE", err)
-		case !pool.AppendCertsFromPEM(pem):
-			problem("REDIS_CA_FILE", fmt.Errorf("%s holds no PEM certificate", c.RedisCAFile))
-		default:
-			t.RootCAs = pool
-		}
+// logSettings reads AUTHLIMIT_LOG_LEVEL and AUTHLIMIT_LOG_FORMAT.
+func logSettings(s *settings, _ map[string]string, p *problems) {
+	if err := s.logLevel.UnmarshalText([]byte(s.LogLevel)); err != nil {
+		p.add("LOG_LEVEL", fmt.Errorf("%q is not debug, info, warn or error", s.LogLevel))
 	}
-	switch {
-	case c.RedisCertFile == "" && c.RedisKeyFile == "":
-	case c.RedisCertFile == "" || c.RedisKeyFile == "":
-		problem("REDIS_CERT_FILE", errors.New("a client certificate needs both AUTHLIMIT_REDIS_CERT_FILE and AUTHLIMIT_REDIS_KEY_FILE"))
-	default:
-		cert, err := tls.LoadX509KeyPair(c.RedisCertFile, c.RedisKeyFile)
-		if err != nil {
-			problem("REDIS_CERT_FILE", err)
-		} else {
-			t.Certificates = []tls.Certificate{cert}
-		}
+	if s.LogFormat != "json" && s.LogFormat != "text" {
+		p.add("LOG_FORMAT", fmt.Errorf("%q is not json or text", s.LogFormat))
 	}
-}
-
-// parseRedisURL parses a Redis URL as go-redis does, but refuses one whose
-// user information go-redis would read otherwise than redactURL hides it.
-// Its errors quote nothing of the user information: go-redis's own quote
-// the URL up to where it went wrong, which with a '#', '/' or '?' in the
-// password is inside the password.
-func parseRedisURL(raw string) (*goredis.Options, error) {
-	shown := redactURL(raw)
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok || scheme == "" {
-		return nil, errors.New("not a URL: want redis://, rediss:// or unix:// (such as redis://user:password@host:6379/0)")
-	}
-	o, err := goredis.ParseURL(raw)
-	if err == nil {
-		if at := strings.LastIndexByte(rest, '@'); at >= 0 && !sameHost(raw, rest[at+1:]) {
-			err = errors.New("user information read as host")
-		}
-	}
-	if err == nil {
-		return o, nil
-	}
-	if _, err := goredis.ParseURL(shown); err != nil {
-		// The trouble is outside the user information, which shown
-		// hides: go-redis's message about shown quotes no credential.
-		return nil, fmt.Errorf("%s: %w", shown, err)
-	}
-	return nil, fmt.Errorf(`%s: its user information (all between :// and the last @) does not parse: percent-encode '#', '/', '?', '@' and '%%' in the user name and password (%%23, %%2F, %%3F, %%40, %%25)`, shown)
-}
-
-// sameHost reports whether url.Parse takes raw's host from hostPart (what
-// follows raw's last '@'), and so its user information from before it.
-func sameHost(raw, hostPart string) bool {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return false
-	}
-	if i := strings.IndexAny(hostPart, "/?#"); i >= 0 {
-		hostPart = hostPart[:i]
-	}
-	return u.Host == hostPart
-}
-
-// redactURL shows a Redis URL without its user information, whatever
-// characters the password holds ('#', '/', '@' and all): everything
-// between "://" and the last '@' is hidden.
-func redactURL(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return "(not a URL)"
-	}
-	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-		return scheme + "://***@" + rest[at+1:]
-	}
-	return raw
-}
-
-// redact removes from text every part of raw's user information: the
-// whole, and each piece of it between separators, so that no message
-// quoting the URL (or a part of it) shows a credential. It serves the
-// messages of a running client, which quote addresses, never the user
-// information (parseRedisURL made sure no address comes from it): a
-// one-character piece is left, as hiding every such letter would garble
-// the message.
-func redact(text, raw string) string {
-	_, rest, ok := strings.Cut(raw, "://")
-	at := strings.LastIndexByte(rest, '@')
-	if !ok || at < 0 {
-		return text
-	}
-	info := rest[:at]
-	secrets := []string{info}
-	secrets = append(secrets, strings.FieldsFunc(info, func(r rune) bool { return strings.ContainsRune(":#?/@", r) })...)
-	for _, sec := range secrets {
-		if len(sec) >= 2 {
-			text = strings.ReplaceAll(text, sec, "***")
-		}
-	}
-	return text
 }
 
 // checkHostPort checks a host:port to listen on: a numeric port up to 65535.
@@ -704,88 +542,4 @@ func unjoin(err error) []error {
 		out = append(out, unjoin(e)...)
 	}
 	return out
-}
-
-// describe prints the effective configuration for -check and the logs.
-func (s *settings) describe() string {
-	var b strings.Builder
-	w := func(k, v string) { fmt.Fprintf(&b, "  %-16s %s\n", k, v) }
-	b.WriteString("authlimit configuration:\n")
-	w("listen", s.Listen)
-	w("store", s.redisDisplay)
-	fm := s.failMode.String()
-	if s.failMode == guard.FailLocal {
-		fm += fmt.Sprintf(" (limits divided by %d)", s.LocalDivisor)
-	}
-	if s.redisOptions == nil {
-		fm += " (unused: the embedded store does not fail)"
-	}
-	w("fail mode", fm)
-	if s.redisOptions != nil {
-		w("redis timeout", s.RedisTimeout.String())
-		w("redis conns", fmt.Sprintf("%d carry decisions, batched, per node", s.RedisPoolSize))
-		w("circuit breaker", fmt.Sprintf("opens after %d failures; probes every %v to %v", s.BreakerFailures, s.BreakerBackoff, s.BreakerMaxBackoff))
-	}
-	w("deny status", fmt.Sprint(s.DenyStatus))
-	if len(s.trusted) == 0 {
-		w("trusted proxies", "none: forwarded headers are never believed")
-	} else {
-		w("trusted proxies", prefixes(s.trusted))
-	}
-	w("allow", prefixes(s.allow))
-	w("block", prefixes(s.block))
-	w("ip grouping", fmt.Sprintf("IPv4 /%d, IPv6 /%d", s.IPv4Prefix, s.IPv6Prefix))
-	w("key prefix", s.KeyPrefix)
-	w("shadow", fmt.Sprint(s.Shadow))
-	headers := fmt.Sprintf("method %s, uri %s, host %s", s.MethodHeader, s.URIHeader, s.HostHeader)
-	if s.URLHeader != "" {
-		// The URL alone gives the host and the URI: the uri and host
-		// headers are never read.
-		headers = fmt.Sprintf("url %s (host and uri), method %s", s.URLHeader, s.MethodHeader)
-	}
-	w("headers", headers)
-	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
-	s.describeRLS(w)
-	s.describeSPOA(w)
-	s.describeGRPCPeers(w)
-	switch {
-	case s.MaxConns > 0:
-		w("max conns", fmt.Sprint(s.MaxConns))
-	case s.maxConns > 0:
-		w("max conns", fmt.Sprintf("%d (the open file limit %d, less a reserve)", s.maxConns, s.fdLimit))
-	default:
-		w("max conns", "no cap: the open file limit is unknown")
-	}
-	s.describeAdmin(w)
-	s.describeMemory(w)
-	s.describeTop(w)
-	suffix := ""
-	switch {
-	case s.defaultRules:
-		suffix = " (AUTHLIMIT_RULES unset: the default rule)"
-	case s.RulesFile != "":
-		suffix = fmt.Sprintf(" (from %s, reloaded when it changes or on SIGHUP; hash %s)", s.RulesFile, s.rulesHash)
-	}
-	fmt.Fprintf(&b, "  rules%s:\n", suffix)
-	for _, r := range s.rules {
-		fmt.Fprintf(&b, "    %s\n", r)
-	}
-	if len(s.warnings) > 0 {
-		b.WriteString("  warnings:\n")
-		for _, w := range s.warnings {
-			fmt.Fprintf(&b, "    %s\n", w)
-		}
-	}
-	return b.String()
-}
-
-func prefixes(ps []netip.Prefix) string {
-	if len(ps) == 0 {
-		return "-"
-	}
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ", ")
 }

@@ -323,9 +323,11 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.engine.SetRules(rs); err != nil {
+	set, err := a.sets.WithRules(rs, time.Now())
+	if err != nil {
 		t.Fatal(err)
 	}
+	a.sets.Store(set, time.Now())
 	req := &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlpb.RateLimitDescriptor{
 		{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "one", Value: "x"}}},
 	}}

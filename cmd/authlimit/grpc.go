@@ -14,11 +14,10 @@ import (
 	"github.com/valyala/fasthttp"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/authlimit/authlimit/algo"
-	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/front/rls"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/httpconn"
 	"github.com/authlimit/authlimit/internal/membudget"
 )
 
@@ -27,7 +26,8 @@ import (
 // ShouldRateLimit and POST /json answer from. Every mistake in the
 // configuration is reported, each naming its file, domain, descriptor and
 // field.
-func grpcSettings(c *config, s *settings, problem func(string, error)) {
+func grpcSettings(s *settings, _ map[string]string, p *problems) {
+	c, problem := &s.config, p.add
 	if c.GRPCListen != "" {
 		if err := checkHostPort(c.GRPCListen); err != nil {
 			problem("GRPC_LISTEN", fmt.Errorf("%q is not host:port (such as :8081 or 127.0.0.1:8081): %w", c.GRPCListen, err))
@@ -36,14 +36,17 @@ func grpcSettings(c *config, s *settings, problem func(string, error)) {
 	if c.RLSConfig == "" {
 		return
 	}
-	cfg, err := envoyconf.Load(c.RLSConfig)
+	if c.GRPCListen == "" {
+		s.warnings = append(s.warnings, envPrefix+"RLS_CONFIG is set, AUTHLIMIT_GRPC_LISTEN is not: Envoy's ShouldRateLimit (gRPC) is not served; only POST /json answers from the configuration")
+	}
+	cfg, hash, err := loadRLSStable(c.RLSConfig)
 	if err != nil {
 		for _, e := range unjoin(err) {
 			problem("RLS_CONFIG", e)
 		}
 		return
 	}
-	s.rls = cfg
+	s.rls, s.rlsHash = cfg, hash
 }
 
 // describeRLS adds the gRPC settings to -check's output.
@@ -56,17 +59,8 @@ func (s *settings) describeRLS(w func(k, v string)) {
 	if s.rls == nil {
 		return
 	}
-	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits())))
+	w("rls config", fmt.Sprintf("%s: %d domains (%s), %d limits (reloaded when it changes or on SIGHUP; hash %s)", s.RLSConfig, len(s.rls.Domains()), strings.Join(s.rls.Domains(), ", "), len(s.rls.Limits()), s.rlsHash))
 	w("rls metadata", fmt.Sprint(s.RLSResponseMetadata))
-}
-
-// rlsPolicies are the policies the guard must know for the rate-limit
-// service.
-func (s *settings) rlsPolicies() []*algo.Policy {
-	if s.rls == nil {
-		return nil
-	}
-	return s.rls.Policies()
 }
 
 // grpcFront is the gRPC server: the rate-limit service, the health service
@@ -99,15 +93,13 @@ const readinessInterval = time.Second
 // AUTHLIMIT_RLS_CONFIG is set), for POST /json and ShouldRateLimit, and the
 // gRPC server (when AUTHLIMIT_GRPC_LISTEN is set), listening at once so
 // that a port in use stops authlimit at start.
-func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
-	a.rlsMetadata = s.RLSResponseMetadata
+func (a *app) newFronts(s *settings) error {
 	if s.rls != nil {
-		svc, err := a.newRLS(s.rls, reg)
+		svc, err := rls.New(rls.Options{Rules: a.sets, Engine: a.engine, Registry: a.reg, ResponseMetadata: s.RLSResponseMetadata})
 		if err != nil {
 			return err
 		}
-		a.rls = &rlsSwitch{}
-		a.rls.cur.Store(svc)
+		a.rls = svc
 	}
 	if s.GRPCListen == "" {
 		return nil
@@ -116,7 +108,7 @@ func (a *app) newFronts(s *settings, reg prometheus.Registerer) error {
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
 	}
-	f := &grpcFront{server: newGRPCServer(s, a.connCap, a.budget, a.conns.grpcAccepted, newRefusedPeers(reg, a.log), a.log), health: grpcwire.NewHealth(), listener: l,
+	f := &grpcFront{server: newGRPCServer(s, a.connCap, a.budget, a.conns.grpcAccepted, newRefusedPeers(a.reg, a.log), a.log), health: grpcwire.NewHealth(), listener: l,
 		stopWatch: make(chan struct{}), watched: make(chan struct{})}
 	if err := a.registerServices(f.server, f.health, s); err != nil {
 		_ = l.Close()
@@ -147,37 +139,6 @@ func newGRPCServer(s *settings, conns *conncap.Cap, budget *membudget.Budget, ac
 		RequestTimeout: serverTimeouts.Read,
 		Log:            log,
 	})
-}
-
-// newRLS builds the rate-limit service of cfg. Every service counts in the
-// one set of metrics the first registers with reg: a reload's service
-// continues the counts of the one it replaces.
-func (a *app) newRLS(cfg *envoyconf.Config, reg prometheus.Registerer) (*rls.Service, error) {
-	if a.rlsMetrics == nil {
-		m, err := rls.NewMetrics(reg)
-		if err != nil {
-			return nil, err
-		}
-		a.rlsMetrics = m
-	}
-	return rls.New(rls.Options{Config: cfg, Engine: a.engine, Metrics: a.rlsMetrics, ResponseMetadata: a.rlsMetadata})
-}
-
-// newRLSReloader reloads AUTHLIMIT_RLS_CONFIG into the service in force.
-func (a *app) newRLSReloader(s *settings, reg prometheus.Registerer) (*rlsReloader, error) {
-	hash, err := hashRLS(s.RLSConfig)
-	if err != nil {
-		return nil, &ConfigError{Var: envPrefix + "RLS_CONFIG", Err: err}
-	}
-	return &rlsReloader{
-		path:  s.RLSConfig,
-		cfg:   s.rls,
-		hash:  hash,
-		front: a.rls,
-		union: a.union,
-		build: func(cfg *envoyconf.Config) (*rls.Service, error) { return a.newRLS(cfg, reg) },
-		log:   a.log,
-	}, nil
 }
 
 // watchReadiness keeps the health service's overall status ("") in step
@@ -234,6 +195,7 @@ func (a *app) httpRoutes(next fasthttp.RequestHandler) fasthttp.RequestHandler {
 	}
 	return func(ctx *fasthttp.RequestCtx) {
 		if string(ctx.Path()) == "/json" {
+			httpconn.Whole(ctx.Conn())
 			a.rls.ServeJSON(ctx)
 			return
 		}

@@ -15,7 +15,8 @@ import (
 // call names the client it is for in its message, as a proxy's forwarded
 // headers do: whoever may call may spend any client's quota and choose
 // its tier, so only the gateway's addresses should.
-func grpcPeerSettings(c *config, s *settings, problem func(string, error)) {
+func grpcPeerSettings(s *settings, _ map[string]string, p *problems) {
+	c, problem := &s.config, p.add
 	if len(c.GRPCTrustedPeers) == 0 {
 		s.grpcPeers = s.trusted
 	} else {

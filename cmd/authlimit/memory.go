@@ -20,7 +20,8 @@ const connBytes = 32 << 10
 
 // memorySettings checks AUTHLIMIT_MAX_BUFFERED_BYTES: at least 1 MiB,
 // and room for 4 requests of AUTHLIMIT_MAX_HEADER_BYTES.
-func memorySettings(c *config, problem func(string, error)) {
+func memorySettings(s *settings, _ map[string]string, p *problems) {
+	c, problem := &s.config, p.add
 	if least := max(minBufferedBytes, 4*int64(c.MaxHeaderBytes)); c.MaxBufferedBytes < least {
 		problem("MAX_BUFFERED_BYTES", fmt.Errorf("%d is less than %d (1 MiB, and 4 requests of AUTHLIMIT_MAX_HEADER_BYTES)", c.MaxBufferedBytes, least))
 	}

@@ -15,7 +15,8 @@ import (
 // spoaSettings checks AUTHLIMIT_SPOA_LISTEN, the address HAProxy's SPOE
 // connects to. It takes connections from AUTHLIMIT_TRUSTED_PROXIES alone,
 // so it needs some.
-func spoaSettings(c *config, s *settings, problem func(string, error)) {
+func spoaSettings(s *settings, _ map[string]string, p *problems) {
+	c, problem := &s.config, p.add
 	if c.SPOAListen == "" {
 		return
 	}
@@ -45,7 +46,7 @@ type spoaFront struct {
 // newSPOA builds the SPOE agent on the engine, listening at once so that
 // a port in use stops authlimit at start; nothing without
 // AUTHLIMIT_SPOA_LISTEN.
-func (a *app) newSPOA(s *settings, reg prometheus.Registerer) error {
+func (a *app) newSPOA(s *settings) error {
 	if s.SPOAListen == "" {
 		return nil
 	}
@@ -65,7 +66,7 @@ func (a *app) newSPOA(s *settings, reg prometheus.Registerer) error {
 		Name: "authlimit_spoa_protocol_errors_total",
 		Help: "Connections the SPOE agent ended with AGENT-DISCONNECT for a frame that breaks SPOP, by SPOP status code (3 frame too big, 4 invalid frame, 10 fragmentation, 13 memory budget spent, ...).",
 	}, []string{"status"})
-	if err := registerAll(reg, accepted, refused, protocol); err != nil {
+	if err := registerAll(a.reg, accepted, refused, protocol); err != nil {
 		return err
 	}
 	srv, err := spoa.NewServer(spoa.Options{

@@ -19,7 +19,8 @@ import (
 // topSettings checks the top limited clients' and the denial log's
 // variables: AUTHLIMIT_TOP_SIZE, AUTHLIMIT_TOP_WINDOW,
 // AUTHLIMIT_TOP_SHARE_INTERVAL and AUTHLIMIT_DENIAL_LOG_RATE.
-func topSettings(c *config, problem func(string, error)) {
+func topSettings(s *settings, _ map[string]string, p *problems) {
+	c, problem := &s.config, p.add
 	if c.TopSize < 1 || c.TopSize > denials.MaxSize {
 		problem("TOP_SIZE", fmt.Errorf("%d is not 1 to %d", c.TopSize, denials.MaxSize))
 	}

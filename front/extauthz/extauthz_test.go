@@ -33,6 +33,7 @@ import (
 	"github.com/authlimit/authlimit/handler"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 	"github.com/authlimit/authlimit/store/redis"
 )
 
@@ -65,15 +66,8 @@ type stack struct {
 
 func newStack(t testing.TB, b backend, src string, mod func(*decide.Options)) *stack {
 	t.Helper()
-	rs, err := rules.Parse(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var policies []*algo.Policy
-	for _, r := range rs {
-		policies = append(policies, r.Policies()...)
-	}
-	gopts := guard.Options{Policies: policies, DenyCacheSize: 1000, FailMode: b.failMode}
+	set := rulesettest.Parse(t, src)
+	gopts := guard.Options{Rules: set, DenyCacheSize: 1000, FailMode: b.failMode}
 	if b.redis == nil {
 		m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 		t.Cleanup(func() { _ = m.Close() })
@@ -107,7 +101,7 @@ func newStack(t testing.TB, b backend, src string, mod func(*decide.Options)) *s
 	_ = g.Start(context.Background()) // a stopped Redis: circuits start open
 	t.Cleanup(g.Close)
 	reg := prometheus.NewRegistry()
-	eopts := decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: reg}
+	eopts := decide.Options{Rules: set, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Registry: reg}
 	if mod != nil {
 		mod(&eopts)
 	}

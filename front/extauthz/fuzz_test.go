@@ -13,6 +13,7 @@ import (
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
 // FuzzCheck sends requests with arbitrary attributes through Check: it
@@ -27,17 +28,14 @@ func FuzzCheck(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	var policies []*algo.Policy
-	for _, r := range rs {
-		policies = append(policies, r.Policy)
-	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	f.Cleanup(func() { _ = m.Close() })
-	g, err := guard.New(guard.Options{Store: m, Policies: policies, DenyCacheSize: 100})
+	h := rulesettest.Holder(f, rs)
+	g, err := guard.New(guard.Options{Store: m, Rules: h, DenyCacheSize: 100})
 	if err != nil {
 		f.Fatal(err)
 	}
-	e, err := decide.New(decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
+	e, err := decide.New(decide.Options{Rules: h, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -490,7 +490,8 @@ func TestHeaders(t *testing.T) {
 	for _, v := range r.GetResponseHeadersToAdd() {
 		h[v.GetKey()] = v.GetValue()
 	}
-	p2, p3 := e.svc.config.Policies()[0].Name(), e.svc.config.Policies()[1].Name()
+	cfg := e.svc.rules.Load().RLS()
+	p2, p3 := cfg.Policies()[0].Name(), cfg.Policies()[1].Name()
 	want := map[string]string{
 		"RateLimit-Policy":      fmt.Sprintf(`"%s";q=20;w=60, "%s";q=10;w=3600`, p2, p3),
 		"X-RateLimit-Limit":     "10",
@@ -558,7 +559,8 @@ descriptors:
 	e.ask(t, "another", withOverride(desc("key2", "m"), 2, typepb.RateLimitUnit_HOUR))
 	_, _ = e.client.ShouldRateLimit(t.Context(), &pb.RateLimitRequest{})
 	got := e.counters(t)
-	key2, shadow := e.svc.config.Policies()[0].Name(), e.svc.config.Policies()[3].Name()
+	cfg := e.svc.rules.Load().RLS()
+	key2, shadow := cfg.Policies()[0].Name(), cfg.Policies()[3].Name()
 	// The front counts its answers; the engine counts the decisions, once,
 	// with those of /auth and Check.
 	for k, v := range map[string]float64{
@@ -619,11 +621,12 @@ descriptors:
 	m := algo.NewMemory(algo.MemoryOptions{})
 	t.Cleanup(func() { _ = m.Close() })
 	reg := prometheus.NewRegistry()
-	g, err := guard.New(guard.Options{Store: m, Policies: cfg.Policies(), Registry: reg})
+	h := newHolder(t, cfg)
+	g, err := guard.New(guard.Options{Store: m, Rules: h, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := New(Options{Config: cfg, Engine: newEngine(t, g, reg, true), Registry: reg})
+	svc, err := New(Options{Rules: h, Engine: newEngine(t, h, g, reg, true), Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset"
 	"github.com/authlimit/authlimit/store/redis"
 )
 
@@ -86,10 +87,10 @@ func startWith(t testing.TB, kind storeKind, mode guard.FailMode, files ...strin
 // startOpts is startWith, the service's options changed by mod.
 func startOpts(t testing.TB, kind storeKind, mode guard.FailMode, mod func(*Options), files ...string) *env {
 	t.Helper()
-	cfg := parseConfig(t, files...)
+	h := newHolder(t, parseConfig(t, files...))
 	e := &env{reg: prometheus.NewRegistry()}
 	opts := guard.Options{
-		Policies:          cfg.Policies(),
+		Rules:             h,
 		FailMode:          mode,
 		BreakerFailures:   1,
 		BreakerBackoff:    50 * time.Millisecond,
@@ -124,7 +125,7 @@ func startOpts(t testing.TB, kind storeKind, mode guard.FailMode, mod func(*Opti
 		t.Fatalf("guard.Start: %v", err)
 	}
 	t.Cleanup(g.Close)
-	opts2 := Options{Config: cfg, Engine: newEngine(t, g, e.reg, false), Registry: e.reg}
+	opts2 := Options{Rules: h, Engine: newEngine(t, h, g, e.reg, false), Registry: e.reg}
 	if mod != nil {
 		mod(&opts2)
 	}
@@ -151,15 +152,25 @@ func startOpts(t testing.TB, kind storeKind, mode guard.FailMode, mod func(*Opti
 	return e
 }
 
-// newEngine returns an engine deciding with d, its rules /auth's default
-// (the rate-limit service uses none of them).
-func newEngine(t testing.TB, d decide.Decider, reg prometheus.Registerer, shadow bool) *decide.Engine {
+// newHolder returns a holder of the rule set of cfg and /auth's default
+// rules (the rate-limit service uses none of them).
+func newHolder(t testing.TB, cfg *envoyconf.Config) *ruleset.Holder {
 	t.Helper()
 	rs, err := rules.Parse(rules.Default)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := decide.New(decide.Options{Rules: rs, Decider: d, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Shadow: shadow, Registry: reg})
+	set, err := ruleset.New(rs, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ruleset.NewHolder(set)
+}
+
+// newEngine returns an engine deciding h's rules with d.
+func newEngine(t testing.TB, h *ruleset.Holder, d decide.Decider, reg prometheus.Registerer, shadow bool) *decide.Engine {
+	t.Helper()
+	e, err := decide.New(decide.Options{Rules: h, Decider: d, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Shadow: shadow, Registry: reg})
 	if err != nil {
 		t.Fatalf("decide.New: %v", err)
 	}

@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"testing"
+	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,64 +12,55 @@ import (
 	"github.com/authlimit/authlimit/guard"
 )
 
-// TestReplacedServiceSharesMetricsAndCounts: a Service built for a new
-// configuration with the Metrics of the one it replaces continues its
-// counts, in the metrics and in the store, also after the old one is
-// closed; a second Service registering its own metrics with the same
-// registry is refused.
-func TestReplacedServiceSharesMetricsAndCounts(t *testing.T) {
+// TestNewConfigurationKeepsCounts: a rule set with a new configuration,
+// swapped in as a reload does, is answered from at once; its limits
+// continue the counts of the previous configuration's under the same
+// policy, in the store and in the metrics; a second Service registering
+// its metrics with the same registry is refused.
+func TestNewConfigurationKeepsCounts(t *testing.T) {
 	yaml := "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: hour, requests_per_unit: 2}}\n"
-	oldCfg := parseConfig(t, yaml)
-	newCfg := parseConfig(t, yaml+"  - {key: other, rate_limit: {unit: hour, requests_per_unit: 5}}\n")
 	m := algo.NewMemory(algo.MemoryOptions{})
 	t.Cleanup(func() { _ = m.Close() })
 	reg := prometheus.NewRegistry()
-	g, err := guard.New(guard.Options{Store: m, Policies: oldCfg.Policies(), Registry: reg})
+	h := newHolder(t, parseConfig(t, yaml))
+	g, err := guard.New(guard.Options{Store: m, Rules: h, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEngine(t, g, reg, false)
-	metrics, err := NewMetrics(reg)
+	e := newEngine(t, h, g, reg, false)
+	svc, err := New(Options{Rules: h, Engine: e, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	old, err := New(Options{Config: oldCfg, Engine: e, Metrics: metrics})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ask := func(s *Service) pb.RateLimitResponse_Code {
+	ask := func(key string) pb.RateLimitResponse_Code {
 		t.Helper()
-		r, err := s.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlDesc{desc("k", "v")}})
+		r, err := svc.ShouldRateLimit(context.Background(), &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlDesc{desc(key, "v")}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r.GetOverallCode()
 	}
-	if got := ask(old); got != ok {
+	if got := ask("k"); got != ok {
 		t.Fatalf("first request: %v", got)
 	}
-	next, err := New(Options{Config: newCfg, Engine: e, Metrics: metrics})
+	set, err := h.WithRLS(parseConfig(t, yaml+"  - {key: other, rate_limit: {unit: hour, requests_per_unit: 1}}\n"), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
+	h.Store(set, time.Now())
+	if got := ask("k"); got != ok {
+		t.Errorf("second request, under the new configuration: %v, want OK", got)
 	}
-	if err := old.Close(); err != nil {
-		t.Errorf("closing twice: %v", err)
+	if got := ask("k"); got != over {
+		t.Errorf("third request, under the new configuration: %v, want OVER_LIMIT: the count did not carry over", got)
 	}
-	if got := ask(next); got != ok {
-		t.Errorf("second request, on the new service: %v, want OK", got)
+	// The new configuration's own limit is in force.
+	for want, i := ok, 0; i < 2; want, i = over, i+1 {
+		if got := ask("other"); got != want {
+			t.Errorf("the new limit, request %d: %v, want %v", i+1, got, want)
+		}
 	}
-	if got := ask(next); got != over {
-		t.Errorf("third request, on the new service: %v, want OVER_LIMIT: the count did not carry over", got)
-	}
-	// A request the old service still answers after its Close decides
-	// with the same counts.
-	if got := ask(old); got != over {
-		t.Errorf("a request on the closed service: %v, want OVER_LIMIT", got)
-	}
-	for result, want := range map[string]float64{"ok": 2, "over_limit": 2} {
+	for result, want := range map[string]float64{"ok": 3, "over_limit": 2} {
 		c, err := metricsCounter(reg, result)
 		if err != nil {
 			t.Fatal(err)
@@ -77,7 +69,7 @@ func TestReplacedServiceSharesMetricsAndCounts(t *testing.T) {
 			t.Errorf("authlimit_rls_requests_total{result=%q} = %v, want %v", result, c, want)
 		}
 	}
-	if _, err := New(Options{Config: newCfg, Engine: e, Registry: reg}); err == nil {
+	if _, err := New(Options{Rules: h, Engine: e, Registry: reg}); err == nil {
 		t.Error("a second set of metrics on one registry was accepted")
 	}
 }

@@ -51,6 +51,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -67,6 +68,7 @@ import (
 	"github.com/authlimit/authlimit/envoyconf"
 	"github.com/authlimit/authlimit/front/grpcwire"
 	"github.com/authlimit/authlimit/internal/pbwire"
+	"github.com/authlimit/authlimit/ruleset"
 )
 
 // Bounds on a request, beyond which it is refused with InvalidArgument
@@ -84,10 +86,11 @@ const overrideLabel = "override"
 
 // Options configure a Service.
 type Options struct {
-	// Config is the envoyproxy/ratelimit configuration. Required.
-	Config *envoyconf.Config
-	// Engine decides. Required. Its Decider must know the configuration's
-	// policies (Config.Policies).
+	// Rules holds the rule set in force, whose envoyproxy/ratelimit
+	// configuration (ruleset.Set.RLS) the service answers from, read once
+	// per request. Required, with a configuration.
+	Rules *ruleset.Holder
+	// Engine decides. Required.
 	Engine *decide.Engine
 	// Metrics count the requests, shared by every Service of the process
 	// (see Metrics). Default: new ones, registered with Registry.
@@ -106,25 +109,33 @@ type Options struct {
 // Service is the rate-limit service.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
-	config *envoyconf.Config
-	engine *decide.Engine
-	// limits are the configured limits' engine limits, built once;
-	// overrides those of the overrides, built on first use (at most
-	// envoyconf.MaxOverrides: Config.Override returns one Limit per
-	// distinct override).
+	rules *ruleset.Holder
+	// view is the engine limits of the last configuration a request was
+	// answered from, made once per configuration (see viewOf).
+	view    atomic.Pointer[configView]
+	engine  *decide.Engine
+	metrics *Metrics
+	clock   func() time.Time
+	// metadata is Options.ResponseMetadata.
+	metadata bool
+	scratch  sync.Pool     // *scratch
+	shape    *pbwire.Shape // RateLimitRequest's, for readRequest
+}
+
+// configView is a configuration as the service answers from it: its
+// configured limits' engine limits, built once, and its overrides', built
+// on first use (at most envoyconf.MaxOverrides: Config.Override returns
+// one Limit per distinct override).
+type configView struct {
+	config    *envoyconf.Config
 	limits    map[*envoyconf.Limit]*decide.Limit
 	overrides sync.Map // *envoyconf.Limit → *decide.Limit
-	metrics   *Metrics
-	clock     func() time.Time
-	metadata  bool          // Options.ResponseMetadata
-	scratch   sync.Pool     // *scratch
-	shape     *pbwire.Shape // RateLimitRequest's, for readRequest
 }
 
 // New returns a Service.
 func New(opts Options) (*Service, error) {
-	if opts.Config == nil || opts.Engine == nil {
-		return nil, errors.New("rls: a configuration and an engine are required")
+	if opts.Rules == nil || opts.Rules.Load().RLS() == nil || opts.Engine == nil {
+		return nil, errors.New("rls: a rule set with a rate-limit configuration and an engine are required")
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
@@ -139,13 +150,8 @@ func New(opts Options) (*Service, error) {
 			return nil, err
 		}
 	}
-	s := &Service{config: opts.Config, engine: opts.Engine, limits: map[*envoyconf.Limit]*decide.Limit{}, metrics: m, clock: opts.Clock, metadata: opts.ResponseMetadata,
+	s := &Service{rules: opts.Rules, engine: opts.Engine, metrics: m, clock: opts.Clock, metadata: opts.ResponseMetadata,
 		shape: pbwire.NewShape((&pb.RateLimitRequest{}).ProtoReflect().Descriptor())}
-	for _, l := range opts.Config.Limits() {
-		if l.Policy != nil {
-			s.limits[l] = opts.Engine.NewLimit(l.Policy.Name(), l.Policy)
-		}
-	}
 	s.scratch.New = func() any { return &scratch{srv: s, out: decide.Outcome{Front: "rls"}} }
 	return s, nil
 }
@@ -160,31 +166,32 @@ func (s *Service) Register(g *grpcwire.Server) error {
 	return grpcwire.UnaryRawAsync(g, ShouldRateLimitMethod, s.ShouldRateLimitWire, s.ShouldRateLimitAsync)
 }
 
-// Close ends the service's life: its configured limits are released from
-// the engine (decide.Engine.ReleaseLimits), which stops registering their
-// policies with the guard. Call it once the service is replaced and no
-// longer takes new requests. Requests it is still answering finish
-// correctly (see ReleaseLimits): a limit the replacing configuration keeps
-// has the same policy name and algorithm, and so the same counts. Closing
-// twice does nothing more.
-func (s *Service) Close() error {
-	ls := make([]*decide.Limit, 0, len(s.limits))
-	for _, l := range s.limits {
-		ls = append(ls, l)
+// viewOf returns the service's view of cfg, made once per configuration
+// and kept until the next.
+func (s *Service) viewOf(cfg *envoyconf.Config) *configView {
+	if v := s.view.Load(); v != nil && v.config == cfg {
+		return v
 	}
-	return s.engine.ReleaseLimits(ls...)
+	v := &configView{config: cfg, limits: map[*envoyconf.Limit]*decide.Limit{}}
+	for _, l := range cfg.Limits() {
+		if l.Policy != nil {
+			v.limits[l] = s.engine.NewLimit(l.Policy.Name(), l.Policy)
+		}
+	}
+	s.view.Store(v)
+	return v
 }
 
 // limit returns l's engine limit. An override's is made on first use and
 // counts under one metrics label; its name in the headers is its policy's.
-func (s *Service) limit(l *envoyconf.Limit) *decide.Limit {
-	if d, ok := s.limits[l]; ok {
+func (s *Service) limit(v *configView, l *envoyconf.Limit) *decide.Limit {
+	if d, ok := v.limits[l]; ok {
 		return d
 	}
-	if d, ok := s.overrides.Load(l); ok {
+	if d, ok := v.overrides.Load(l); ok {
 		return d.(*decide.Limit)
 	}
-	d, _ := s.overrides.LoadOrStore(l, s.engine.NewLimitCountedAs(l.Policy.Name(), overrideLabel, l.Policy))
+	d, _ := v.overrides.LoadOrStore(l, s.engine.NewLimitCountedAs(l.Policy.Name(), overrideLabel, l.Policy))
 	return d.(*decide.Limit)
 }
 
@@ -354,7 +361,7 @@ func (s *Service) begin(sc *scratch, now time.Time) (ask, failedOpen bool, err e
 		return false, false, status.Errorf(codes.InvalidArgument, "%d descriptors; the most is %d", r.ndesc, MaxDescriptors)
 	}
 	sc.reset()
-	if err := s.translate(r, sc); err != nil {
+	if err := s.translate(r, sc, s.viewOf(s.rules.Load().RLS())); err != nil {
 		return false, false, err
 	}
 	denyAll := false // an enforcing limit of 0 per unit, or a refused one, denies the request
@@ -400,7 +407,7 @@ func (s *Service) conclude(sc *scratch, out *decide.Outcome, now time.Time) (fai
 // cost. Only what Envoy's configuration decides (a null descriptor, more
 // entries than MaxEntries) is an error; what a client's values decide is
 // an answer (see applied.refused).
-func (s *Service) translate(r *request, sc *scratch) error {
+func (s *Service) translate(r *request, sc *scratch, v *configView) error {
 	var replaced map[string]bool // made by the first replaces
 	for i := range r.descs {
 		d := &r.descs[i]
@@ -415,8 +422,8 @@ func (s *Service) translate(r *request, sc *scratch) error {
 		var limits []*envoyconf.Limit
 		var override [1]*envoyconf.Limit
 		refused := false
-		if d.override && s.config.HasDomain(r.domain) {
-			l, err := s.config.Override(d.rpu, envoyconf.Unit(d.unit))
+		if d.override && v.config.HasDomain(r.domain) {
+			l, err := v.config.Override(d.rpu, envoyconf.Unit(d.unit))
 			if err != nil {
 				// Reported as sent, and over the limit.
 				l, refused = &envoyconf.Limit{Key: "override", RequestsPerUnit: d.rpu, Unit: envoyconf.Unit(d.unit), Override: true}, true
@@ -425,7 +432,7 @@ func (s *Service) translate(r *request, sc *scratch) error {
 			limits = override[:]
 			sc.keys = envoyconf.AppendOverrideKey(sc.keys, r.domain, entries, l)
 		} else {
-			limits, sc.keys = s.config.Match(r.domain, entries, sc.keys)
+			limits, sc.keys = v.config.Match(r.domain, entries, sc.keys)
 		}
 		key := sc.keys[from:]
 		cost := requestCost(r, d)
@@ -438,7 +445,7 @@ func (s *Service) translate(r *request, sc *scratch) error {
 			}
 			a := applied{desc: i, limit: l, req: -1, refused: refused}
 			if l.Policy != nil && cost > 0 && !refused {
-				a.req = s.request(sc, l, key, from, cost)
+				a.req = s.request(sc, v, l, key, from, cost)
 			}
 			sc.apps = append(sc.apps, a)
 		}
@@ -461,7 +468,7 @@ func (s *Service) translate(r *request, sc *scratch) error {
 // request returns the index of the request deciding l for key (at from in
 // sc.keys) at cost: an earlier descriptor's of the same limit and key,
 // which then counts both costs, or a new one.
-func (s *Service) request(sc *scratch, l *envoyconf.Limit, key []byte, from int, cost int64) int {
+func (s *Service) request(sc *scratch, v *configView, l *envoyconf.Limit, key []byte, from int, cost int64) int {
 	for _, a := range sc.apps {
 		if a.req >= 0 && a.limit == l {
 			sp := sc.spans[a.req]
@@ -474,7 +481,7 @@ func (s *Service) request(sc *scratch, l *envoyconf.Limit, key []byte, from int,
 	}
 	// A quota limit does not deny alone: the engine decides it as a
 	// shadow, and respond weighs the quota descriptors together.
-	sc.reqs = append(sc.reqs, decide.LimitRequest{Limit: s.limit(l), Cost: cost, Shadow: l.Shadow || l.Quota})
+	sc.reqs = append(sc.reqs, decide.LimitRequest{Limit: s.limit(v, l), Cost: cost, Shadow: l.Shadow || l.Quota})
 	sc.spans = append(sc.spans, span{from, from + len(key)})
 	return len(sc.reqs) - 1
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
 // epoch is the tests' clock: every decision happens at this instant, so
@@ -31,15 +32,12 @@ func newEngine(t testing.TB, src string) *decide.Engine {
 	clock := func() time.Time { return epoch }
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1, Clock: clock})
 	t.Cleanup(func() { _ = m.Close() })
-	var policies []*algo.Policy
-	for _, r := range rs {
-		policies = append(policies, r.Policies()...)
-	}
-	g, err := guard.New(guard.Options{Store: m, Policies: policies, DenyCacheSize: 1000, Clock: clock})
+	h := rulesettest.Holder(t, rs)
+	g, err := guard.New(guard.Options{Store: m, Rules: h, DenyCacheSize: 1000, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := decide.New(decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Clock: clock})
+	e, err := decide.New(decide.Options{Rules: h, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}

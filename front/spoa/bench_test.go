@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 	"github.com/authlimit/authlimit/rules"
+	"github.com/authlimit/authlimit/ruleset/rulesettest"
 	"github.com/authlimit/authlimit/store/redis"
 )
 
@@ -48,16 +48,13 @@ func newRedisEngine(b *testing.B, src string) *decide.Engine {
 	srv := redistest.New(b)
 	store := redis.New(srv.Client(b), redis.Options{Prefix: srv.Prefix(b), Timeout: time.Second})
 	b.Cleanup(func() { _ = store.Close() })
-	var policies []*algo.Policy
-	for _, r := range rs {
-		policies = append(policies, r.Policies()...)
-	}
-	g, err := guard.New(guard.Options{Store: store, Remote: true, FailMode: guard.FailClosed, Policies: policies,
+	h := rulesettest.Holder(b, rs)
+	g, err := guard.New(guard.Options{Store: store, Remote: true, FailMode: guard.FailClosed, Rules: h,
 		BreakerFailures: 5, BreakerBackoff: 100 * time.Millisecond, BreakerMaxBackoff: 500 * time.Millisecond, ProbeTimeout: time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
-	e, err := decide.New(decide.Options{Rules: rs, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
+	e, err := decide.New(decide.Options{Rules: h, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync/atomic"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // Conn is a served connection. It tells whether it ever sent a byte, and
@@ -15,8 +17,9 @@ import (
 // refuse such a request; fasthttp then answers 400 and closes.
 type Conn struct {
 	net.Conn
-	l     *Listener
-	state atomic.Int32 // connSilent, then connSpoke or connShut
+	l      *Listener
+	state  atomic.Int32      // connSilent, then connSpoke or connShut
+	holder *membudget.Holder // the connection's share of the listener's budget
 
 	// Read and Write run on the connection's one serving goroutine: the
 	// fields below need no lock.
@@ -25,9 +28,11 @@ type Conn struct {
 	aheadErr error            // the error of the read that filled ahead, for once it is drained
 	scanning bool             // the bytes read since the last answer may start a header block
 	head     []byte           // those bytes, while the block has not ended
+	headBuf  *[]byte          // head's pooled buffer
 	refused  bool             // a header block ended in bare line feeds
 	busy     bool             // a request's bytes came, its answer is not written yet
 	start    time.Time        // the first byte of the last request; before one, the accept
+	held     int64            // bytes the unfinished request holds in the budget (see take)
 }
 
 const (
@@ -38,6 +43,10 @@ const (
 
 // ErrBareLF refuses a header block that ends in bare line feeds.
 var ErrBareLF = errors.New("header block ends in bare line feeds; HTTP/1.1 wants CRLF")
+
+// ErrBudget ends a connection whose unfinished request found no room in
+// the memory budget.
+var ErrBudget = errors.New("no room in the memory budget for an unfinished request")
 
 // aheadSize is the buffer a read for fewer bytes reads into (see
 // Conn.Read): a proxy's auth subrequest, headers and all, fits.
@@ -99,12 +108,26 @@ func (c *Conn) readSocket(p []byte) (int, error) {
 	for n == 0 && len(p) > 0 && (err == nil || IsTimeout(err) && c.extend(c.Conn.SetReadDeadline, c.readDeadline(), c.l.cfg.Timeouts.Read)) {
 		n, err = c.Conn.Read(p)
 	}
+	if n == 0 && err != nil {
+		// The connection is done with: its kept head goes back now,
+		// as Close may be called from another goroutine.
+		c.dropHead()
+	}
 	if n > 0 {
 		if !c.busy {
 			c.busy, c.start = true, time.Now()
 		}
 		c.state.CompareAndSwap(connSilent, connSpoke)
-		if c.scanning && c.bareLF(p[:n]) {
+		refused, ok := false, c.take(n)
+		if ok && c.scanning {
+			refused, ok = c.bareLF(p[:n])
+		}
+		if !ok {
+			_ = c.Conn.Close()
+			c.dropHead()
+			return 0, ErrBudget
+		}
+		if refused {
 			c.refused = true
 			return n, ErrBareLF
 		}
@@ -112,11 +135,54 @@ func (c *Conn) readSocket(p []byte) (int, error) {
 	return n, err
 }
 
-// keptHead is the largest head buffer a connection keeps for its next
-// request. A header block that comes in pieces is kept in head until it
-// ends; a small buffer kept saves an allocation per such request, a large
-// one is not held by a waiting connection.
-const keptHead = 1 << 10
+// take counts n bytes more, just read, in what the unfinished request
+// holds in the budget, and reports whether they found room. The first
+// bytes of a request also count the read buffer fasthttp takes for it
+// then (Config.MaxHeader, its size): a connection that sent one byte of a
+// request holds that much. The bytes are held until the request is whole
+// (see Whole) or answered: a client that never finishes its requests is
+// the one whose connections the budget closes when others need room.
+func (c *Conn) take(n int) bool {
+	m := int64(n)
+	if c.held == 0 {
+		m += int64(c.l.cfg.MaxHeader)
+	}
+	return c.charge(m)
+}
+
+// charge counts m bytes more in what the unfinished request holds.
+func (c *Conn) charge(m int64) bool {
+	if c.holder == nil {
+		return true
+	}
+	if !c.holder.Take(m) {
+		return false
+	}
+	c.held += m
+	return true
+}
+
+// settle gives back what the request held in the budget.
+func (c *Conn) settle() {
+	if c.held > 0 {
+		c.holder.Give(c.held)
+		c.held = 0
+	}
+}
+
+// evict ends the connection when the budget needs its bytes for another's
+// request: its serving goroutine's read fails, and fasthttp closes it.
+func (c *Conn) evict() { _ = c.Conn.Close() }
+
+// Whole tells the connection nc (a *Conn; any other is left alone) that
+// its request has been read whole: a handler calls it first, so that a
+// request it holds (a shaping delay, say) holds nothing in the budget
+// meanwhile. It must be called on the connection's serving goroutine.
+func Whole(nc net.Conn) {
+	if c, ok := nc.(*Conn); ok {
+		c.settle()
+	}
+}
 
 // continueLine starts the interim answer to "Expect: 100-continue", after
 // which the same request's body comes.
@@ -128,10 +194,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 	// pipelined request fasthttp read before this answer is not looked
 	// at: no proxy pipelines, and such a one still gets its 408.)
 	if !bytes.HasPrefix(p, continueLine) {
-		c.scanning, c.head, c.busy = true, c.head[:0], false
-		if cap(c.head) > keptHead {
-			c.head = nil
-		}
+		c.scanning, c.busy = true, false
+		c.dropHead()
+		c.settle()
 	}
 	t := c.l.cfg.Timeouts
 	n, err := c.Conn.Write(p)
@@ -183,5 +248,6 @@ func (c *Conn) Close() error {
 	if open {
 		c.l.cfg.Conns.Give()
 	}
+	c.holder.Close()
 	return c.Conn.Close()
 }

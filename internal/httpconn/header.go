@@ -5,25 +5,44 @@ import "bytes"
 // bareLF looks at b, read after the bytes kept in c.head, for the end of a
 // request's header block, and reports whether it ends in bare line feeds.
 // Once the block ended well, or what was read is no request line, it stops
-// looking until the next answer.
-func (c *Conn) bareLF(b []byte) bool {
+// looking until the next answer. A block that has not ended is kept in a
+// pooled buffer of Config.MaxHeader bytes, counted in the budget: ok is
+// false when the budget has no room for it.
+func (c *Conn) bareLF(b []byte) (refused, ok bool) {
+	max := c.l.cfg.MaxHeader
 	if len(c.head) > 0 {
-		c.head = append(c.head, b...)
+		// Beyond MaxHeader bytes fasthttp refuses the block itself.
+		c.head = append(c.head, b[:min(len(b), max-len(c.head))]...)
 		b = c.head
 	}
 	switch headerEnd(b) {
 	case headerBareLF:
-		return true
+		return true, true
 	case headerOpen:
-		if len(b) <= c.l.cfg.MaxHeader {
+		if len(b) < max {
 			if len(c.head) == 0 {
-				c.head = append(c.head, b...)
+				if !c.charge(int64(max)) {
+					return false, false
+				}
+				c.headBuf = c.l.heads.Get().(*[]byte)
+				c.head = append((*c.headBuf)[:0], b...)
 			}
-			return false
+			return false, true
 		}
 	}
-	c.scanning, c.head = false, nil
-	return false
+	c.scanning = false
+	c.dropHead()
+	return false, true
+}
+
+// dropHead gives c.head's buffer back to the pool.
+func (c *Conn) dropHead() {
+	if c.headBuf != nil {
+		*c.headBuf = c.head[:0]
+		c.l.heads.Put(c.headBuf)
+		c.headBuf = nil
+	}
+	c.head = nil
 }
 
 // headerKind is what headerEnd found.

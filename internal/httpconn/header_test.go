@@ -88,10 +88,10 @@ func TestHeaderEndInPieces(t *testing.T) {
 	}
 	for _, tc := range tests {
 		for cut := 0; cut <= len(tc.req); cut++ {
-			c := &Conn{l: &Listener{cfg: Config{MaxHeader: 4096}}, scanning: true}
-			got := c.bareLF([]byte(tc.req[:cut]))
+			c := &Conn{l: New(nil, Config{MaxHeader: 4096}), scanning: true}
+			got, _ := c.bareLF([]byte(tc.req[:cut]))
 			if !got && c.scanning {
-				got = c.bareLF([]byte(tc.req[cut:]))
+				got, _ = c.bareLF([]byte(tc.req[cut:]))
 			}
 			if got != tc.bareLF {
 				t.Errorf("%q read as %q then %q: bare LF %v, want %v", tc.req, tc.req[:cut], tc.req[cut:], got, tc.bareLF)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/authlimit/authlimit/internal/acceptwait"
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // Listener is a server's listener. It keeps the connections it accepts,
@@ -38,6 +39,7 @@ type Listener struct {
 	closed    chan struct{} // closed by Close: a wait between accepts ends
 	closeOnce sync.Once
 	ahead     sync.Pool // *[aheadSize]byte: see Conn.Read
+	heads     sync.Pool // *[]byte of cap Config.MaxHeader: see Conn.bareLF
 
 	mu       sync.Mutex
 	conns    map[*Conn]struct{}
@@ -51,7 +53,10 @@ type Config struct {
 	MaxHeader int
 	// Conns is the connections' cap, which other listeners may share; nil:
 	// no cap. A connection it refuses is counted by the cap.
-	Conns    *conncap.Cap
+	Conns *conncap.Cap
+	// Budget bounds the bytes held for unfinished requests, with other
+	// listeners' (see Conn.take); nil: no bound.
+	Budget   *membudget.Budget
 	Timeouts Timeouts
 	Metrics  Metrics
 	// Log receives a warning when accepts begin to fail; nil: no log.
@@ -86,6 +91,10 @@ func New(l net.Listener, c Config) *Listener {
 	}
 	l2 := &Listener{Listener: l, cfg: c, closed: make(chan struct{}), conns: map[*Conn]struct{}{}}
 	l2.ahead.New = func() any { return new([aheadSize]byte) }
+	l2.heads.New = func() any {
+		b := make([]byte, 0, c.MaxHeader)
+		return &b
+	}
 	return l2
 }
 
@@ -129,9 +138,11 @@ func (l *Listener) Accept() (net.Conn, error) {
 		}
 		inc(l.cfg.Metrics.Accepted)
 		c := &Conn{Conn: nc, l: l, scanning: true, start: time.Now()}
+		c.holder = l.cfg.Budget.Holder(c.evict)
 		// The first deadlines: no later than any this connection's
 		// requests will have (see Conn.Read).
 		if nc.SetReadDeadline(c.readDeadline()) != nil || nc.SetWriteDeadline(c.writeDeadline()) != nil {
+			c.holder.Close()
 			l.cfg.Conns.Give()
 			_ = nc.Close()
 			continue
@@ -145,6 +156,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if !shutting {
 			return c, nil
 		}
+		c.holder.Close()
 		l.cfg.Conns.Give()
 		_ = nc.Close()
 	}

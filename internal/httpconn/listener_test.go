@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/valyala/fasthttp"
+
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // testServer serves h through a Listener over l, with fasthttp configured
@@ -29,7 +31,13 @@ func testServer(t *testing.T, l net.Listener, tm Timeouts, h fasthttp.RequestHan
 // 408 before closing it, where with it it closes at once.
 func serveWith(t *testing.T, l net.Listener, tm Timeouts, h fasthttp.RequestHandler, reduceMemory bool) *Listener {
 	t.Helper()
-	hl := New(l, Config{MaxHeader: 32 << 10, Timeouts: tm, Metrics: Metrics{
+	return serveBudget(t, l, tm, h, reduceMemory, nil)
+}
+
+// serveBudget is serveWith, with a memory budget.
+func serveBudget(t *testing.T, l net.Listener, tm Timeouts, h fasthttp.RequestHandler, reduceMemory bool, b *membudget.Budget) *Listener {
+	t.Helper()
+	hl := New(l, Config{MaxHeader: 32 << 10, Budget: b, Timeouts: tm, Metrics: Metrics{
 		Accepted:     prometheus.NewCounter(prometheus.CounterOpts{Name: "accepted"}),
 		AcceptErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "accept_errors"}),
 	}})
@@ -128,7 +136,9 @@ func closedWithin(t *testing.T, r io.Reader, what string) {
 // long it lives; an idle one closes an idle timeout after its last request;
 // and an answer the client does not read ends the connection.
 func TestConnTimeouts(t *testing.T) {
-	tm := Timeouts{Read: 300 * time.Millisecond, Write: 300 * time.Millisecond, Idle: 2 * time.Second}
+	// The idle timeout and the slack below are generous: on a loaded
+	// machine a test's own sleeps and reads run seconds late.
+	tm := Timeouts{Read: 300 * time.Millisecond, Write: 300 * time.Millisecond, Idle: 6 * time.Second}
 	// soon is well within the idle timeout: what should end a read timeout
 	// after it began must not wait for the idle one.
 	soon := tm.Idle / 2
@@ -278,7 +288,7 @@ func TestConnTimeouts(t *testing.T) {
 		// The answer fills the socket's buffers within moments; the server
 		// gives up on it a read and a write timeout after the request's
 		// first byte, which came after start: seen from here, never sooner.
-		deadline := start.Add(tm.Read + tm.Write + 2*time.Second)
+		deadline := start.Add(tm.Read + tm.Write + 5*time.Second)
 		for l.open() > 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("still open %v after the request", time.Since(start))

@@ -92,7 +92,11 @@ func (h *Holder) Take(n int64) bool {
 		return false
 	}
 	b := h.b
-	if used := b.used.Add(n); b.room(used, n) {
+	// Without evictions under way, a take that fits needs no lock. The
+	// room evictions promise is handed out under the lock alone (see
+	// makeRoom): a take that read it here could miss the bytes another
+	// take was given from the same eviction, and both would have them.
+	if used := b.used.Add(n); used <= b.limit && b.evicting.Load() == 0 {
 		b.notePeak(used)
 		return h.hold(n)
 	}
@@ -191,10 +195,13 @@ func (h *Holder) Give(n int64) {
 			return
 		}
 		if h.held.CompareAndSwap(held, held-m) {
-			h.b.used.Add(-m)
+			// The room an eviction promised goes before the bytes do:
+			// the other way round, a take between the two would count
+			// the same bytes free twice.
 			if h.evicted.Load() {
 				h.settle(m)
 			}
+			h.b.used.Add(-m)
 			return
 		}
 	}
@@ -228,11 +235,12 @@ func (h *Holder) Close() {
 	b.mu.Lock()
 	delete(b.holders, h)
 	b.mu.Unlock()
-	n := h.held.Swap(0)
-	b.used.Add(-n)
+	// As in Give: the promised room first, then the bytes.
 	if p := h.pending.Swap(0); p > 0 {
 		b.evicting.Add(-p)
 	}
+	n := h.held.Swap(0)
+	b.used.Add(-n)
 }
 
 // Held is the bytes h holds.

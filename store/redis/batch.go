@@ -15,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/scripts"
 )
 
 // call is one Decide on its way through a batch. The caller encodes its
@@ -119,7 +120,7 @@ func (r *Store) encode(ctx context.Context, c *call, reqs []algo.Request) error 
 		p.buf = binary.LittleEndian.AppendUint16(p.buf, id)
 		shadow := byte(0)
 		if q.Shadow {
-			shadow = 1
+			shadow = scripts.FlagShadow
 		}
 		p.buf = append(p.buf, shadow)
 		p.buf = binary.LittleEndian.AppendUint64(p.buf, math.Float64bits(float64(q.EffectiveCost())))
@@ -546,7 +547,7 @@ func (r *Store) appendBatch(dst []byte, w *worker, flags byte) []byte {
 				return r.appendFlat(dst, p, pinned)
 			}
 		}
-		dst = append(dst, 0, 0, 0)
+		dst = append(dst, scripts.BatchLayout, 0, 0)
 	}
 	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(pinned))
 	nreqAt := len(dst)
@@ -630,7 +631,7 @@ func appendLean(dst, buf []byte, now float64, pinned bool, pol *algo.Policy) []b
 	}
 	flags := buf[oneShadowAt]
 	if pinned {
-		flags |= 2
+		flags |= scripts.FlagPinnedTime
 	}
 	dst = append(dst, flags)
 	dst = append(dst, buf[oneCostAt:oneKeyAt]...)
@@ -643,13 +644,6 @@ func appendLean(dst, buf []byte, now float64, pinned bool, pol *algo.Policy) []b
 	}
 	return dst
 }
-
-// The first byte of decide.lua's flat layout, and of its answer when every
-// rule admits with no delay.
-const (
-	flatLayout   = 7
-	flatAdmitted = 3
-)
 
 // flat reports whether a part of one request is sent in the flat layout:
 // several rules, none of them sliding_window_log.
@@ -671,7 +665,7 @@ func (r *Store) flat(p *part) bool {
 // [d] window, [d] burst, [d] delay, [d] max cost, [d] cost, then per rule
 // [H] key length and the key.
 func (r *Store) appendFlat(dst []byte, p *part, now float64) []byte {
-	dst = append(dst, flatLayout, 0, 0)
+	dst = append(dst, scripts.FlatLayout, 0, 0)
 	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(now))
 	dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(len(p.ids))))
 	for j, id := range p.ids {
@@ -750,7 +744,7 @@ func (r *Store) parseReply(b []byte, parts []*part, tokens bool) error {
 	if tokens {
 		per = ruleReplyToken
 	}
-	if len(b) > 0 && b[0] == flatAdmitted {
+	if len(b) > 0 && b[0] == scripts.FlatReply {
 		// A request of several rules (the flat layout) that every rule
 		// admitted with no delay: [B] 3, then per rule [d] remaining,
 		// [d] reset after.
@@ -788,7 +782,7 @@ func (r *Store) parseReply(b []byte, parts []*part, tokens bool) error {
 			continue
 		}
 		p := parts[i]
-		if len(b) > 0 && b[0] == 2 {
+		if len(b) > 0 && b[0] == scripts.LeanReply {
 			// A request of one rule that it admitted with no delay: [B] 2,
 			// [d] remaining, [d] reset after.
 			if len(b) < 17 || len(p.ids) != 1 {

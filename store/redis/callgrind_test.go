@@ -40,7 +40,7 @@ import (
 // policies admit a million an hour, so every decision is admitted and its
 // answer fits decide.lua's one integer. Run it with
 //
-//	go test -tags callgrind -run TestCallgrind -v ./algo
+//	go test -tags callgrind -run TestCallgrind -v ./store/redis/
 //
 // It needs valgrind and callgrind_control on PATH. Each shape is measured
 // twice over the same keys; the two counts per decision must agree within

@@ -59,7 +59,7 @@ func (r *Store) runCluster(ctx context.Context, w *worker, live []*call) {
 			// release's script, which reads no flag 2.
 			for _, sc := range calls {
 				w.parts = sc.parts
-				sc.blob = r.appendBatch(sc.blob[:0], w, 1)
+				sc.blob = r.appendBatch(sc.blob[:0], w, scripts.FlagRefundTokens)
 			}
 			continue
 		}
@@ -73,7 +73,7 @@ func (r *Store) runCluster(ctx context.Context, w *worker, live []*call) {
 			}
 		}
 		w.parts = m.parts
-		m.blob = r.appendBatch(m.blob[:0], w, 3)
+		m.blob = r.appendBatch(m.blob[:0], w, scripts.FlagRefundTokens|scripts.FlagSlots)
 		clear(calls)
 		cw.byShard[i] = append(calls[:0], m)
 	}
@@ -281,7 +281,7 @@ func (r *Store) split(sc *slotCall) []*slotCall {
 	out := make([]*slotCall, len(sc.parts))
 	for i, p := range sc.parts {
 		w := worker{parts: []*part{p}}
-		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, 1), keys: p.appendKeys(nil), slot: p.slot, shard: p.shard}
+		out[i] = &slotCall{parts: w.parts, blob: r.appendBatch(nil, &w, scripts.FlagRefundTokens), keys: p.appendKeys(nil), slot: p.slot, shard: p.shard}
 	}
 	return out
 }

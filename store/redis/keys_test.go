@@ -13,6 +13,7 @@ import (
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/algo/algotest"
 	"github.com/authlimit/authlimit/internal/redistest"
+	"github.com/authlimit/authlimit/scripts"
 )
 
 // keyShapes are requests of every layout decide.lua reads: one rule of each
@@ -190,7 +191,7 @@ func TestLayoutsAreToldApart(t *testing.T) {
 				case flags == 1 || strings.HasPrefix(name, "batch") || rules[0].Spec().Algorithm == algo.SlidingWindowLog:
 					want = []byte{0, 0, 0}
 				case len(rules) > 1:
-					want = []byte{flatLayout, 0, 0}
+					want = []byte{scripts.FlatLayout, 0, 0}
 				default:
 					want = []byte{byte(rules[0].Spec().Algorithm)}
 				}
@@ -201,7 +202,7 @@ func TestLayoutsAreToldApart(t *testing.T) {
 		}
 	}
 	for _, a := range algo.Algorithms() {
-		if byte(a) == flatLayout || byte(a) == 0 {
+		if byte(a) == scripts.FlatLayout || byte(a) == scripts.BatchLayout {
 			t.Errorf("algorithm %s's id %d is the flat layout's or the batch's first byte", a, a)
 		}
 	}

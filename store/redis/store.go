@@ -323,7 +323,7 @@ func (r *Store) probeCall(ctx context.Context, key []byte) (*slotCall, error) {
 		return nil, err
 	}
 	w := &worker{parts: []*part{&c.parts[0]}}
-	return &slotCall{blob: r.appendBatch(nil, w, 1), keys: c.parts[0].appendKeys(nil), slot: c.parts[0].slot}, nil
+	return &slotCall{blob: r.appendBatch(nil, w, scripts.FlagRefundTokens), keys: c.parts[0].appendKeys(nil), slot: c.parts[0].slot}, nil
 }
 
 // Ping reports whether Redis answers (every primary, for a cluster).
