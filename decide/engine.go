@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,6 +79,9 @@ type Engine struct {
 	log          *slog.Logger
 	clock        func() time.Time
 	observer     Observer
+
+	frontsMu sync.Mutex
+	fronts   map[string]*Front
 }
 
 // New validates opts and returns an Engine.
@@ -123,6 +127,7 @@ func New(opts Options) (*Engine, error) {
 		metrics:    m,
 		log:        opts.Logger,
 		clock:      opts.Clock,
+		fronts:     map[string]*Front{},
 		observer:   opts.Observer,
 	}
 	return e, nil
@@ -219,8 +224,8 @@ func (in *Input) Refuse(client netip.Addr, kind, detail string) {
 func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 	set := e.viewOf(e.rules.Load())
 	o.reset()
-	defer o.finish()
 	now := e.clock()
+	defer e.done(o, now)
 	if e.screen(set, in, o) {
 		o.seen(in)
 		e.decide(ctx, o, now)
@@ -232,22 +237,18 @@ func (e *Engine) Decide(ctx context.Context, in *Input, o *Outcome) {
 // decide, with its requests in o.
 func (e *Engine) screen(set *ruleView, in *Input, o *Outcome) bool {
 	if contains(e.block, in.Client) {
-		e.metrics.blocked.Inc()
 		o.refuse(Blocked, e.denyStatus, "blocked", "The client address is blocked.")
 		return false
 	}
 	if contains(e.allow, in.Client) {
-		e.metrics.allowlisted.Inc()
 		o.Verdict = Allowlisted
 		return false
 	}
 	if in.Invalid != "" {
-		e.metrics.invalid.Inc()
 		o.refuse(Invalid, e.denyStatus, in.Invalid, in.InvalidDetail)
 		return false
 	}
 	if !e.apply(set, &in.Request, in.TrustedPeer, o) {
-		e.metrics.invalid.Inc()
 		return false
 	}
 	return true
@@ -291,7 +292,7 @@ func (e *Engine) DecideAsync(in *Input, o *Outcome, then Then) bool {
 	o.reset()
 	now := e.clock()
 	if !e.screen(set, in, o) {
-		o.finish()
+		e.done(o, now)
 		then.Decided(o)
 		return true
 	}
@@ -302,7 +303,7 @@ func (e *Engine) DecideAsync(in *Input, o *Outcome, then Then) bool {
 // decideAsync asks ad about o's requests, as decide asks the Decider.
 func (e *Engine) decideAsync(ad AsyncDecider, o *Outcome, now time.Time, then Then) bool {
 	if !e.prepare(o) {
-		o.finish()
+		e.done(o, now)
 		then.Decided(o)
 		return true
 	}
@@ -333,15 +334,14 @@ func (a *asyncOutcome) Decided(admitted bool, err error) {
 	defer func() {
 		if p := recover(); p != nil && !told {
 			e.log.Error("decide", "panic", fmt.Sprint(p))
-			e.metrics.errors.Inc()
 			o.reset()
 			o.refuse(Failed, 500, "error", "The decision failed.")
-			o.finish()
+			e.done(o, o.now)
 			then.Decided(o)
 		}
 	}()
 	e.conclude(o, o.res[:len(o.reqs)], admitted, err, o.now)
-	o.finish()
+	e.done(o, o.now)
 	told = true
 	then.Decided(o)
 }
@@ -390,8 +390,8 @@ func (e *Engine) NewLimitCountedAs(name, label string, p *algo.Policy) *Limit {
 // is left NotDecided by another's cached denial.
 func (e *Engine) DecideLimits(ctx context.Context, reqs []LimitRequest, o *Outcome) {
 	o.reset()
-	defer o.finish()
 	now := e.clock()
+	defer e.done(o, now)
 	o.whole = true
 	if e.limits(reqs, o) {
 		e.decide(ctx, o, now)
@@ -410,7 +410,7 @@ func (e *Engine) DecideLimitsAsync(reqs []LimitRequest, o *Outcome, then Then) b
 	now := e.clock()
 	o.whole = true
 	if !e.limits(reqs, o) {
-		o.finish()
+		e.done(o, now)
 		then.Decided(o)
 		return true
 	}
@@ -421,13 +421,11 @@ func (e *Engine) DecideLimitsAsync(reqs []LimitRequest, o *Outcome, then Then) b
 // when they are invalid.
 func (e *Engine) limits(reqs []LimitRequest, o *Outcome) bool {
 	if len(reqs) > algo.MaxRules {
-		e.metrics.invalid.Inc()
 		o.refuse(Invalid, e.denyStatus, "too-many-limits", fmt.Sprintf("A request may ask at most %d limits.", algo.MaxRules))
 		return false
 	}
 	for _, q := range reqs {
 		if q.Limit == nil || q.Limit.Policy == nil {
-			e.metrics.invalid.Inc()
 			o.refuse(Invalid, e.denyStatus, "no-limit", "A request asked a limit that is not there.")
 			return false
 		}
@@ -461,7 +459,6 @@ func (e *Engine) decide(ctx context.Context, o *Outcome, now time.Time) {
 // o answered, when there is nothing to decide.
 func (e *Engine) prepare(o *Outcome) bool {
 	if len(o.reqs) == 0 {
-		e.metrics.unmatched.Inc()
 		o.Verdict = Unmatched
 		return false
 	}
@@ -478,18 +475,15 @@ func (e *Engine) prepare(o *Outcome) bool {
 func (e *Engine) conclude(o *Outcome, res []algo.Result, admitted bool, err error, now time.Time) {
 	switch {
 	case errors.Is(err, guard.ErrUnavailable):
-		e.metrics.unavailable.Inc()
 		o.RetryAfter = 1
 		o.addHeader(retryAfter, append(o.hbuf, '1'))
 		o.refuse(Unavailable, 503, "unavailable", "The rate-limit store could not decide; retry shortly.")
 		return
 	case errors.Is(err, guard.ErrFailedOpen):
-		e.metrics.allowed.Inc()
 		o.Verdict = FailedOpen
 		return
 	case err != nil:
 		e.log.Error("decide", "err", err)
-		e.metrics.errors.Inc()
 		o.refuse(Failed, 500, "error", "The decision failed.")
 		return
 	}
@@ -582,7 +576,6 @@ func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.
 	}
 	o.setHeaders(admitted, now)
 	if admitted {
-		e.metrics.allowed.Inc()
 		o.Verdict = Allow
 		if delay > 0 {
 			e.metrics.delay.Observe(delay.Seconds())
@@ -590,7 +583,6 @@ func (e *Engine) respond(o *Outcome, res []algo.Result, admitted bool, now time.
 		}
 		return
 	}
-	e.metrics.denied.Inc()
 	if costTooHigh {
 		o.deny(e.denyStatus, "cost-too-high", "The request costs more than the limit ever admits.")
 		return

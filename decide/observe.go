@@ -44,7 +44,8 @@ type Decision struct {
 	// Method and Path are the request's, as the rules see them; empty
 	// for DecideLimits.
 	Method, Path []byte
-	// Front is Outcome.Front: the front that asked.
+	// Front names Outcome.Front, the front that asked ("unknown"
+	// without one).
 	Front string
 	// Now is when the request was decided.
 	Now time.Time
@@ -75,7 +76,7 @@ func (e *Engine) observe(o *Outcome, res []algo.Result, now time.Time) {
 			Credential: true,
 			Method:     o.method,
 			Path:       o.path,
-			Front:      o.Front,
+			Front:      o.Front.Name(),
 			Now:        now,
 		}
 		if rule != nil {

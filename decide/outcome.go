@@ -112,10 +112,11 @@ type Outcome struct {
 	// Body is the application/problem+json body (RFC 9457) of a request
 	// that is not admitted; empty otherwise.
 	Body []byte
-	// Front names the front that decides with the outcome (http, grpc,
-	// rls, ...), for the Observer; the front sets it once, and the
-	// engine leaves it.
-	Front string
+	// Front is the front deciding with this Outcome (Engine.Front), under
+	// whose name the metrics count its requests. A front sets it once;
+	// deciding keeps it. Without one, requests count under the front
+	// "unknown".
+	Front *Front
 
 	reqs   []algo.Request
 	res    []algo.Result

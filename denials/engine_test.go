@@ -59,10 +59,14 @@ func TestEngineFeedsTheRecorder(t *testing.T) {
 	c := &clock{t: time.Now()}
 	r, buf := newTestRecorder(t, c, Options{LogRate: 100})
 	e := engineWith(t, r, "name=per-ip key=ip limit=2/1h; name=per-key key=header:X-Key limit=3/1h; name=trial key=ip limit=1/1h shadow=true")
+	front, err := e.Front("test")
+	if err != nil {
+		t.Fatal(err)
+	}
 	decideAs := func(ip, key string) decide.Verdict {
 		var in decide.Input
 		var o decide.Outcome
-		o.Front = "test"
+		o.Front = front
 		e.Read(&in, netip.MustParseAddr(ip), []byte("GET"), []byte("/v1/things"), []byte("a.example"), headers{"X-Key": []byte(key)})
 		e.Decide(context.Background(), &in, &o)
 		return o.Verdict

@@ -126,7 +126,7 @@ func checkDenial(t *testing.T, px proxy, what string, r result, kind string) {
 
 func invalidCount(t *testing.T, a *authlimit) float64 {
 	t.Helper()
-	return scrape(t, a.addr)[`authlimit_requests_total{result="invalid"}`]
+	return scrape(t, a.addr)[`authlimit_requests_total{front="http",result="invalid"}`]
 }
 
 // TestBypassRepeatedHeader: a key or cost header sent twice never gets a

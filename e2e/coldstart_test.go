@@ -187,6 +187,18 @@ func scrape(t *testing.T, addr string) metrics {
 }
 
 // sum adds every series of a metric, whatever its labels.
+// maxSeries is the largest value of the series of name, whatever their
+// labels (0 when there are none).
+func maxSeries(m map[string]float64, name string) float64 {
+	var v float64
+	for k, x := range m {
+		if k == name || strings.HasPrefix(k, name+"{") {
+			v = max(v, x)
+		}
+	}
+	return v
+}
+
 func (m metrics) sum(name string) float64 {
 	var s float64
 	for k, v := range m {

@@ -198,7 +198,7 @@ func redisKilled(t *testing.T, outage time.Duration) {
 	srv.Restart(t)
 	answering := time.Now()
 	l.waitMetric(t, "with its circuit closed", 10*time.Second, func(m promSample) bool {
-		return m["authlimit_circuit_state"] == 0
+		return maxSeries(m, "authlimit_circuit_state") == 0
 	})
 	// Redis restarted empty, and the local store had every client at its
 	// limit: a 200 now can only be Redis's.
@@ -377,7 +377,7 @@ func redisStalled(t *testing.T, name string, length time.Duration, overTLS bool,
 	<-over
 	ended := time.Now()
 	closedAt := l.waitMetric(t, "with its circuit closed", 10*time.Second, func(m promSample) bool {
-		return m["authlimit_circuit_state"] == 0
+		return maxSeries(m, "authlimit_circuit_state") == 0
 	})
 	m2 := l.sample(t)
 	recovery := max(closedAt.Sub(ended), 0)

@@ -598,9 +598,9 @@ func imageAsTheChartRunsIt(t *testing.T, pm, img string) {
 // builds, and with its authlimit environment (Redis at redis:6379 pointed
 // at a real Redis on loopback) the image enforces its first rule with
 // nginx's 403. podman-compose is given the file to check that it reads it
-// and would run that image with that environment; the compose network is
-// not started (its redis, backend and nginx images would come from a
-// registry, and the containers would talk over a bridge).
+// and would run that image with that environment, then runs its redis and
+// authlimit services for real (composeUp); nginx and the backend, whose
+// images come from a registry, are not started.
 func imageAsComposeRunsIt(t *testing.T, pm, img, version string) {
 	var compose struct {
 		Services map[string]struct {
@@ -616,7 +616,9 @@ func imageAsComposeRunsIt(t *testing.T, pm, img, version string) {
 		t.Errorf("docker-compose.yml runs %q, want %q, what make image builds", svc.Image, want)
 	}
 
-	if pc, err := exec.LookPath("podman-compose"); err != nil {
+	pc, err := exec.LookPath("podman-compose")
+	if err != nil {
+		pc = ""
 		if podmanRequired() {
 			t.Error("podman-compose is not installed (Debian: apt-get install podman-compose; AUTHLIMIT_E2E_PODMAN=required)")
 		} else {
@@ -683,5 +685,9 @@ func imageAsComposeRunsIt(t *testing.T, pm, img, version string) {
 		if res := cl.do(t, "GET", "http://"+addr+"/auth", nil); res.status != want {
 			t.Errorf("request %d of %d: %d %s, want %d", i, limit+1, res.status, res.body, want)
 		}
+	}
+
+	if pc != "" {
+		t.Run("up", func(t *testing.T) { composeUp(t, pm, pc, img, limit, deny) })
 	}
 }

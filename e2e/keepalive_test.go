@@ -59,10 +59,10 @@ func TestNginxReusesConnections(t *testing.T) {
 			t.Fatalf("authlimit exports no %s, or counted none of the connections", conns)
 		}
 		delta := func(name string) float64 { return after.sum(name) - before.sum(name) }
-		if got, want := delta(`authlimit_requests_total{result="denied"}`), float64(over); got != want {
+		if got, want := delta(`authlimit_requests_total{front="http",result="denied"}`), float64(over); got != want {
 			t.Errorf("authlimit denied %v requests, want %v", got, want)
 		}
-		if got, want := delta(`authlimit_requests_total{result="allowed"}`), float64(limit+others); got != want {
+		if got, want := delta(`authlimit_requests_total{front="http",result="allowed"}`), float64(limit+others); got != want {
 			t.Errorf("authlimit allowed %v requests, want %v", got, want)
 		}
 		// The scrapes come on a connection of their own, maybe two.

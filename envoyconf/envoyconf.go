@@ -122,6 +122,10 @@ type Limit struct {
 	Unlimited bool
 	// Shadow decides and counts, but never denies.
 	Shadow bool
+	// Detailed is the descriptor's detailed_metric: its decisions are
+	// also counted per descriptor as the request sends it, values
+	// included (a bounded number of them: see front/rls).
+	Detailed bool
 	// Replaces names the limits this one replaces when both apply to one
 	// request.
 	Replaces []string
@@ -135,6 +139,25 @@ type Limit struct {
 	// response's dynamic_metadata when the descriptor is not over its
 	// limit; nil for none. It must not be modified.
 	Metadata *structpb.Struct
+}
+
+// OverrideLabel is the name every limit Envoy sends with a descriptor goes
+// by in the metrics: there may be up to MaxOverrides of them, so they
+// share one.
+const OverrideLabel = "override"
+
+// Label is the name a configured limit goes by in metrics and the
+// RateLimit headers: its rate_limit.name when it has one (unique in the
+// configuration), else its policy's generated name. A limit without a
+// policy has none.
+func (l *Limit) Label() string {
+	switch {
+	case l.Policy == nil:
+		return ""
+	case l.Name != "":
+		return l.Name
+	}
+	return l.Policy.Name()
 }
 
 // DeniesAll reports whether the limit denies every request: a limit of 0

@@ -224,6 +224,39 @@ func TestPolicies(t *testing.T) {
 	}
 }
 
+// TestLabel: a limit goes by its rate_limit.name when it has one, else by
+// its policy's generated name; names of any printable ASCII but a quote
+// or a backslash are taken as written.
+func TestLabel(t *testing.T) {
+	c := parse(t, `domain: d
+descriptors:
+  - key: named
+    rate_limit: {name: "Per-User limit #1 (v2)", unit: minute, requests_per_unit: 5}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: none
+    rate_limit: {name: zero, unit: minute, requests_per_unit: 0}
+`)
+	named, _ := c.Match("d", entries("named", "x"), nil)
+	plain, _ := c.Match("d", entries("plain", "x"), nil)
+	none, _ := c.Match("d", entries("none", "x"), nil)
+	if len(named) != 1 || len(plain) != 1 || len(none) != 1 {
+		t.Fatalf("matched %d, %d, %d limits, want one each", len(named), len(plain), len(none))
+	}
+	if got, want := named[0].Label(), "Per-User limit #1 (v2)"; got != want {
+		t.Errorf("named limit's Label = %q, want %q", got, want)
+	}
+	if got, want := plain[0].Label(), plain[0].Policy.Name(); got != want || !strings.HasPrefix(got, "rls_d_plain_") {
+		t.Errorf("unnamed limit's Label = %q, want its policy's name %q", got, want)
+	}
+	if named[0].Policy.Name() == named[0].Label() || !strings.HasPrefix(named[0].Policy.Name(), "rls_d_named_") {
+		t.Errorf("named limit's policy is %q: its counts must stay under the generated name", named[0].Policy.Name())
+	}
+	if got := none[0].Label(); got != "" {
+		t.Errorf("a limit without a policy has Label %q, want none", got)
+	}
+}
+
 func TestOverride(t *testing.T) {
 	c := parse(t, messaging)
 	a, err := c.Override(5, Minute)
@@ -299,6 +332,17 @@ func TestConfigErrors(t *testing.T) {
 			`f2.yaml:2: domain "b": foo: unknown field (want domain, descriptors)`}},
 		{"two documents", []string{"domain: a\n---\ndomain: b\n"}, []string{`f1.yaml:2: a second YAML document: a file holds one domain`}},
 		{"descriptors not a list", []string{"domain: a\ndescriptors: {key: k}\n"}, []string{`f1.yaml:2: domain "a": descriptors: want a list of descriptors`}},
+		{"name twice", []string{"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {name: per_user, unit: second, requests_per_unit: 1}\n",
+			"domain: b\ndescriptors:\n  - key: j\n    rate_limit: {name: per_user, unit: second, requests_per_unit: 1}\n"}, []string{
+			`f2.yaml:4: domain "b": descriptor "j": rate_limit.name: "per_user" is also the name of the limit at f1.yaml:4, domain "a", descriptor "k": names label the metrics, so each limit needs its own`}},
+		{"name with a quote", []string{"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {name: 'a\"b', unit: second, requests_per_unit: 1}\n"}, []string{
+			`f1.yaml:4: domain "a": descriptor "k": rate_limit.name: "a\"b": want 1 to 64 printable ASCII characters, no quote, backslash or space at either end (the name labels the limit's metrics and names it in the RateLimit headers)`}},
+		{"name too long", []string{"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {name: " + strings.Repeat("n", 65) + ", unit: second, requests_per_unit: 1}\n"}, []string{
+			`f1.yaml:4: domain "a": descriptor "k": rate_limit.name: "` + strings.Repeat("n", 65) + `": want 1 to 64 printable ASCII characters, no quote, backslash or space at either end (the name labels the limit's metrics and names it in the RateLimit headers)`}},
+		{"name override", []string{"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {name: override, unit: second, requests_per_unit: 1}\n"}, []string{
+			`f1.yaml:4: domain "a": descriptor "k": rate_limit.name: "override" is the name every limit Envoy sends with a descriptor goes by: give this limit another`}},
+		{"name of another limit", []string{"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {name: rls_a_j_5b264f31, unit: second, requests_per_unit: 1}\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, []string{
+			`f1.yaml:4: domain "a": descriptor "k": rate_limit.name: "rls_a_j_5b264f31" is the generated name of the limit a.j: give this limit another`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var fs []File

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -107,11 +108,12 @@ func Load(path string) (*Config, error) {
 // Parse reads a configuration from files, in order: one domain each.
 func Parse(files []File) (*Config, error) {
 	c := &Config{domains: map[string]*node{}}
-	p := &parser{c: c, seen: map[string]string{}, names: map[string]string{}}
+	p := &parser{c: c, seen: map[string]string{}, names: map[string]string{}, labels: map[string]*namedLimit{}}
 	for _, f := range files {
 		c.files = append(c.files, f.Name)
 		p.file(f)
 	}
+	p.checkLabels()
 	if len(c.limits) > MaxLimits {
 		p.errs = append(p.errs, &Error{File: files[len(files)-1].Name, Err: fmt.Errorf("%d limits; the most is %d", len(c.limits), MaxLimits)})
 	}
@@ -136,6 +138,42 @@ type parser struct {
 	names  map[string]string // policy name → where, to catch a collision
 	name   string            // the current file
 	domain string
+	// labels are the names given with rate_limit.name, each where it is
+	// given, to keep them unique.
+	labels map[string]*namedLimit
+}
+
+// namedLimit is where a rate_limit.name is given.
+type namedLimit struct {
+	file, domain, path string
+	line               int
+}
+
+func (w *namedLimit) String() string {
+	return fmt.Sprintf("%s:%d, domain %q, descriptor %q", w.file, w.line, w.domain, w.path)
+}
+
+// labelName is what a rate_limit.name may be: it labels the limit in
+// metrics and names it in RateLimit-Policy and RateLimit, whose
+// structured-field strings hold printable ASCII (a quote or a backslash
+// would need escaping everywhere the name is written).
+var labelName = regexp.MustCompile(`^[!#-\[\]-~]([ !#-\[\]-~]{0,62}[!#-\[\]-~])?$`)
+
+// checkLabels refuses a rate_limit.name that is the name another limit
+// goes by: the generated name of a limit without one, or override, which
+// labels every limit Envoy sends.
+func (p *parser) checkLabels() {
+	for name, w := range p.labels {
+		other, taken := p.names[name]
+		other = "the generated name of the limit " + other
+		if name == OverrideLabel {
+			other, taken = "the name every limit Envoy sends with a descriptor goes by", true
+		}
+		if taken {
+			p.errs = append(p.errs, &Error{File: w.file, Line: w.line, Domain: w.domain, Path: w.path, Field: "rate_limit.name",
+				Err: fmt.Errorf("%q is %s: give this limit another", name, other)})
+		}
+	}
 }
 
 func (p *parser) fail(n *yaml.Node, path, field string, format string, args ...any) {
@@ -335,7 +373,7 @@ func (p *parser) descriptor(parent *node, d *yaml.Node, path []string) {
 		}
 	}
 	shadow := p.flag(f, "shadow_mode", at)
-	p.flag(f, "detailed_metric", at)
+	detailed := p.flag(f, "detailed_metric", at)
 	p.flag(f, "value_to_metric", at)
 	quota := p.flag(f, "quota_mode", at)
 	if p.flag(f, "share_threshold", at) {
@@ -349,7 +387,7 @@ func (p *parser) descriptor(parent *node, d *yaml.Node, path []string) {
 		metadata = p.metadata(mn, at)
 	}
 	if rn, ok := f["rate_limit"]; ok {
-		p.rateLimit(n, rn, path, shadow, quota, metadata)
+		p.rateLimit(n, rn, path, shadow, detailed, quota, metadata)
 	}
 	if dn, ok := f["descriptors"]; ok {
 		p.descriptors(n, dn, path)
@@ -378,18 +416,29 @@ func (p *parser) metadata(mn *yaml.Node, at string) *structpb.Struct {
 	return st
 }
 
-func (p *parser) rateLimit(n *node, rn *yaml.Node, path []string, shadow, quota bool, metadata *structpb.Struct) {
+func (p *parser) rateLimit(n *node, rn *yaml.Node, path []string, shadow, detailed, quota bool, metadata *structpb.Struct) {
 	at := strings.Join(path, ".")
 	if rn.Kind != yaml.MappingNode {
 		p.fail(rn, at, "rate_limit", "want a mapping with unit and requests_per_unit, or unlimited")
 		return
 	}
 	f := p.fields(rn, at, "rate_limit.", rateLimitFields)
-	l := &Limit{Key: p.domain + "." + at, Shadow: shadow, Quota: quota, Metadata: metadata}
+	l := &Limit{Key: p.domain + "." + at, Shadow: shadow, Detailed: detailed, Quota: quota, Metadata: metadata}
 	bad := false
 	if nn, ok := f["name"]; ok {
 		l.Name, ok = p.str(nn, at, "rate_limit.name")
 		bad = bad || !ok
+		switch w := p.labels[l.Name]; {
+		case !ok || l.Name == "":
+		case !labelName.MatchString(l.Name):
+			p.fail(nn, at, "rate_limit.name", "%q: want 1 to 64 printable ASCII characters, no quote, backslash or space at either end (the name labels the limit's metrics and names it in the RateLimit headers)", l.Name)
+			bad = true
+		case w != nil:
+			p.fail(nn, at, "rate_limit.name", "%q is also the name of the limit at %s: names label the metrics, so each limit needs its own", l.Name, w)
+			bad = true
+		default:
+			p.labels[l.Name] = &namedLimit{file: p.name, domain: p.domain, path: at, line: nn.Line}
+		}
 	}
 	l.Unlimited = p.flag(f, "unlimited", at)
 	if rl, ok := f["replaces"]; ok {

@@ -2,9 +2,12 @@ package guard
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // state is a circuit's state, as the authlimit_circuit_state gauge reports
@@ -31,6 +34,7 @@ type breaker struct {
 	shard    int
 	state    atomic.Int32
 	failures atomic.Int32
+	gauge    prometheus.Gauge // its authlimit_circuit_state series
 
 	// Owned by the prober.
 	backoff time.Duration
@@ -40,6 +44,19 @@ type breaker struct {
 // globalShard is the breaker that stands for every shard: it opens when the
 // store is not ready at start.
 const globalShard = -1
+
+// shardLabel is a shard's label in authlimit_circuit_state: its number,
+// "all" for the global breaker; -1, a Redis Cluster slot whose primary
+// the client does not know, is "unknown".
+func shardLabel(shard int, global bool) string {
+	switch {
+	case global:
+		return "all"
+	case shard < 0:
+		return "unknown"
+	}
+	return strconv.Itoa(shard)
+}
 
 // breakers are a guard's circuits, one per shard, created on first use, and
 // the one goroutine that probes the open ones: at most one probe is in
@@ -52,7 +69,6 @@ type breakers struct {
 	global                 breaker
 	mu                     sync.RWMutex
 	m                      map[int]*breaker
-	open                   atomic.Int32 // breakers open, the global one included
 	wake, quit, done       chan struct{}
 	started, stopped       sync.Once
 }
@@ -64,7 +80,7 @@ func newBreakers(threshold int, minBackoff, maxBackoff, probeTimeout time.Durati
 		maxBackoff:   max(maxBackoff, minBackoff),
 		probeTimeout: probeTimeout,
 		g:            g,
-		global:       breaker{shard: globalShard},
+		global:       breaker{shard: globalShard, gauge: g.metrics.circuitState.WithLabelValues(shardLabel(globalShard, true))},
 		m:            map[int]*breaker{},
 		wake:         make(chan struct{}, 1),
 		quit:         make(chan struct{}),
@@ -84,7 +100,8 @@ func (bs *breakers) get(shard int) *breaker {
 	if b, ok := bs.m[shard]; ok {
 		return b
 	}
-	b = &breaker{shard: shard}
+	b = &breaker{shard: shard, gauge: bs.g.metrics.circuitState.WithLabelValues(shardLabel(shard, false))}
+	b.gauge.Set(float64(stateClosed))
 	bs.m[shard] = b
 	return b
 }
@@ -131,8 +148,7 @@ func (bs *breakers) open1(b *breaker) {
 	if !b.state.CompareAndSwap(int32(stateClosed), int32(stateOpen)) {
 		return
 	}
-	bs.open.Add(1)
-	bs.g.metrics.circuitState.Set(float64(stateOpen))
+	b.gauge.Set(float64(stateOpen))
 	bs.g.circuitChanged(b.shard, stateClosed, stateOpen)
 	select {
 	case bs.wake <- struct{}{}:
@@ -223,10 +239,8 @@ func (bs *breakers) probeDue() time.Time {
 		if bs.try(b) {
 			b.failures.Store(0)
 			b.next = time.Time{}
+			b.gauge.Set(float64(stateClosed)) // first: a caller that sees the state closed sees the gauge closed
 			b.state.Store(int32(stateClosed))
-			if bs.open.Add(-1) == 0 {
-				bs.g.metrics.circuitState.Set(float64(stateClosed))
-			}
 			bs.g.circuitChanged(b.shard, stateOpen, stateClosed)
 			continue
 		}

@@ -317,6 +317,12 @@ func TestShardsFailApart(t *testing.T) {
 	if ready, _ := f.g.Ready(); !ready {
 		t.Errorf("fail mode closed with one of two shards down: not ready, want ready (degraded)")
 	}
+	// Each shard's circuit shows apart.
+	for shard, want := range map[string]float64{"1": 2, "0": 0, "all": 0} {
+		if got := f.metric(t, `authlimit_circuit_state{shard="`+shard+`"}`); got != want {
+			t.Errorf("authlimit_circuit_state{shard=%q} = %v, want %v", shard, got, want)
+		}
+	}
 	// A request that needs both shards takes the fail mode.
 	p2, _ := algo.NewPolicy(algo.Spec{Name: "q", Algorithm: algo.FixedWindow, Limit: 10, Window: time.Hour})
 	var res [2]algo.Result
@@ -332,7 +338,7 @@ func TestProbeClosesTheCircuitWithoutTraffic(t *testing.T) {
 	f := newFixture(t, FailLocal)
 	f.store.breakShard(1, errDown)
 	f.decide(t, "a")
-	if got := f.metric(t, "authlimit_circuit_state"); got != 2 {
+	if got := f.metric(t, `authlimit_circuit_state{shard="1"}`); got != 2 {
 		t.Fatalf("circuit state %v after an unreachable store, want 2 (open)", got)
 	}
 	time.Sleep(200 * time.Millisecond)
@@ -345,7 +351,7 @@ func TestProbeClosesTheCircuitWithoutTraffic(t *testing.T) {
 	}
 	start := time.Now()
 	f.store.breakShard(1, nil)
-	waitFor(t, "closed", func() bool { return f.metric(t, "authlimit_circuit_state") == 0 })
+	waitFor(t, "closed", func() bool { return f.metric(t, `authlimit_circuit_state{shard="1"}`) == 0 })
 	if took := time.Since(start); took > 200*time.Millisecond {
 		t.Errorf("the circuit closed %v after the store answered again, want within the longest backoff", took)
 	}
@@ -416,11 +422,17 @@ func TestStartWithTheStoreDown(t *testing.T) {
 	if _, _, err := f.decide(t, "b"); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("decision before the store warmed up = %v, want ErrUnavailable", err)
 	}
+	if got := f.metric(t, `authlimit_circuit_state{shard="all"}`); got != 2 {
+		t.Errorf(`authlimit_circuit_state{shard="all"} = %v before the store warmed up, want 2 (open)`, got)
+	}
 	w := f.g.store.(*warmer)
 	w.mu.Lock()
 	w.err = nil
 	w.mu.Unlock()
 	waitFor(t, "ready", func() bool { ready, _ := f.g.Ready(); return ready })
+	if got := f.metric(t, `authlimit_circuit_state{shard="all"}`); got != 0 {
+		t.Errorf(`authlimit_circuit_state{shard="all"} = %v once ready, want 0`, got)
+	}
 }
 
 type warmer struct {

@@ -16,7 +16,7 @@ type metrics struct {
 	errors         prometheus.Counter
 	unavailable    prometheus.Counter
 	failMode       map[FailMode]prometheus.Counter
-	circuitState   prometheus.Gauge
+	circuitState   *prometheus.GaugeVec
 	circuitChanges map[state]prometheus.Counter
 	probes         prometheus.Counter
 	denyCacheHits  prometheus.Counter
@@ -40,10 +40,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "authlimit_store_unavailable_total",
 		Help: "Requests answered 503 because their decision failed while the store's circuit was closed.",
 	})
-	circuitState := prometheus.NewGauge(prometheus.GaugeOpts{
+	circuitState := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "authlimit_circuit_state",
-		Help: "The store's circuit breakers: 0 all closed, 2 at least one open.",
-	})
+		Help: "Each store shard's circuit breaker, by shard (0 for a standalone or Sentinel Redis or the memory store; one number per Redis Cluster primary, as the logs number them; all for the breaker that stands for every shard while the store is not ready at start): 0 closed, 2 open.",
+	}, []string{"shard"})
 	circuitChanges := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_circuit_transitions_total",
 		Help: "Circuit breaker state changes by the state entered.",

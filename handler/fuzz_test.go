@@ -21,7 +21,7 @@ func FuzzAuth(f *testing.F) {
 	f.Add(strings.Repeat("1.1.1.1,", 100), "\xff", "%zz", "\x00", "[::1]", strings.Repeat("k", 300), "-1")
 	h := newHandler(f, "name=per-ip limit=3/1m; name=login key=ip+header:X-Api-Key limit=2/1m path=/login on_missing=deny;"+
 		"name=cost key=header:X-Api-Key limit=10/1m algorithm=token_bucket cost=header:X-Cost host=*.example.com",
-		func(o *Options) { o.BlockCIDRs = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")} })
+		func(o *testOptions) { o.engine.BlockCIDRs = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")} })
 	f.Fuzz(func(t *testing.T, xff, realIP, uri, method, host, apiKey, cost string) {
 		var ctx fasthttp.RequestCtx
 		ctx.Request.SetRequestURI("/auth")

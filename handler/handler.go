@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
@@ -24,12 +23,7 @@ import (
 
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/rules"
-	"github.com/authlimit/authlimit/ruleset"
 )
-
-// Decider decides the policies of one request atomically: a guard.Guard, or
-// a store. guard.ErrFailedOpen and guard.ErrUnavailable are answers too.
-type Decider = decide.Decider
 
 // Readier says whether decisions come from the store (see guard.Guard.Ready).
 type Readier interface {
@@ -39,28 +33,14 @@ type Readier interface {
 // Options configure a Handler. The caller gives every value; the defaults
 // live with the configuration that reads them.
 type Options struct {
-	// Engine decides. When it is nil, New builds one from Rules, Decider,
-	// AllowCIDRs, BlockCIDRs, IPv4Prefix, IPv6Prefix, DenyStatus, Shadow,
-	// Registry, Logger and Clock; when it is set, those are ignored but
-	// Registry, which serves /metrics.
+	// Engine decides: the rules, the allow and block lists, the address
+	// grouping and the deny status are its (decide.Options). Required.
 	Engine *decide.Engine
-	// Rules are the rules, in order. Required without Engine.
-	Rules []*rules.Rule
-	// Decider decides. Required without Engine.
-	Decider Decider
 	// Ready tells /readyz whether decisions come from the store; nil
 	// means always.
 	Ready Readier
 	// Proxies finds the client behind trusted proxies.
 	Proxies rules.Proxies
-	// AllowCIDRs are never limited; BlockCIDRs are always denied.
-	AllowCIDRs, BlockCIDRs []netip.Prefix
-	// IPv4Prefix and IPv6Prefix group addresses for the ip key part.
-	IPv4Prefix, IPv6Prefix int
-	// DenyStatus is the status of a denial, 400 to 599.
-	DenyStatus int
-	// Shadow makes every rule a shadow rule: nothing is denied.
-	Shadow bool
 	// MethodHeader, URIHeader and HostHeader name the headers that carry
 	// the original request's method, URI and host.
 	MethodHeader, URIHeader, HostHeader string
@@ -70,13 +50,8 @@ type Options struct {
 	// without it, with it more than once, or with one that is not an
 	// absolute URL with a host is refused (urn:authlimit:invalid-url).
 	URLHeader string
-	// Registry receives the engine's metrics and serves /metrics.
-	// Default: a new registry.
+	// Registry serves /metrics. Default: a new registry.
 	Registry *prometheus.Registry
-	// Logger logs failed decisions. Default: discard.
-	Logger *slog.Logger
-	// Clock returns the current time. Default time.Now.
-	Clock func() time.Time
 	// Sleep holds a shaped request. Default: time.Sleep.
 	Sleep func(time.Duration)
 }
@@ -107,31 +82,15 @@ func New(opts Options) (*Handler, error) {
 	if opts.Sleep == nil {
 		opts.Sleep = time.Sleep
 	}
-	e := opts.Engine
-	if e == nil {
-		set, err := ruleset.New(opts.Rules, nil)
-		if err != nil {
-			return nil, err
-		}
-		e, err = decide.New(decide.Options{
-			Rules:      ruleset.NewHolder(set),
-			Decider:    opts.Decider,
-			AllowCIDRs: opts.AllowCIDRs,
-			BlockCIDRs: opts.BlockCIDRs,
-			IPv4Prefix: opts.IPv4Prefix,
-			IPv6Prefix: opts.IPv6Prefix,
-			DenyStatus: opts.DenyStatus,
-			Shadow:     opts.Shadow,
-			Registry:   opts.Registry,
-			Logger:     opts.Logger,
-			Clock:      opts.Clock,
-		})
-		if err != nil {
-			return nil, err
-		}
+	if opts.Engine == nil {
+		return nil, errors.New("handler: an engine is required")
+	}
+	front, err := opts.Engine.Front("http")
+	if err != nil {
+		return nil, err
 	}
 	h := &Handler{
-		engine:       e,
+		engine:       opts.Engine,
 		ready:        opts.Ready,
 		proxies:      opts.Proxies,
 		methodHeader: canonicalHeader(opts.MethodHeader),
@@ -141,7 +100,7 @@ func New(opts Options) (*Handler, error) {
 		serveMetrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{})),
 		sleep:        opts.Sleep,
 	}
-	h.scratch.New = func() any { return &scratch{out: decide.Outcome{Front: "http"}} }
+	h.scratch.New = func() any { return &scratch{out: decide.Outcome{Front: front}} }
 	return h, nil
 }
 

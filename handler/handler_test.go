@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
@@ -29,7 +31,7 @@ var defaultTrusted = []netip.Prefix{
 
 // newHandler returns a handler deciding src's rules with the memory store
 // through a guard, as authlimit does without Redis.
-func newHandler(tb testing.TB, src string, opts ...func(*Options)) *Handler {
+func newHandler(tb testing.TB, src string, opts ...func(*testOptions)) *Handler {
 	tb.Helper()
 	rs, err := rules.Parse(src)
 	if err != nil {
@@ -37,24 +39,38 @@ func newHandler(tb testing.TB, src string, opts ...func(*Options)) *Handler {
 	}
 	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 	tb.Cleanup(func() { _ = m.Close() })
-	g, err := guard.New(guard.Options{Store: m, Rules: rulesettest.Holder(tb, rs), DenyCacheSize: 1000})
+	sets := rulesettest.Holder(tb, rs)
+	g, err := guard.New(guard.Options{Store: m, Rules: sets, DenyCacheSize: 1000})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	o := Options{
-		Rules: rs, Decider: g, Ready: g, Proxies: rules.Proxies{Trusted: defaultTrusted},
-		IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429,
-		MethodHeader: "X-Forwarded-Method", URIHeader: "X-Forwarded-Uri", HostHeader: "X-Forwarded-Host",
-		Sleep: func(time.Duration) {},
+	o := testOptions{
+		Options: Options{
+			Ready: g, Proxies: rules.Proxies{Trusted: defaultTrusted},
+			MethodHeader: "X-Forwarded-Method", URIHeader: "X-Forwarded-Uri", HostHeader: "X-Forwarded-Host",
+			Registry: prometheus.NewRegistry(),
+			Sleep:    func(time.Duration) {},
+		},
+		engine: decide.Options{Rules: sets, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429},
 	}
 	for _, f := range opts {
 		f(&o)
 	}
-	h, err := New(o)
+	o.engine.Registry = o.Registry
+	if o.Engine, err = decide.New(o.engine); err != nil {
+		tb.Fatal(err)
+	}
+	h, err := New(o.Options)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return h
+}
+
+// testOptions are a test handler's options and its engine's.
+type testOptions struct {
+	Options
+	engine decide.Options
 }
 
 // authRequest prepares ctx as a proxy's auth subrequest for the client ip,
@@ -109,7 +125,7 @@ func TestAuthAllocatesNothing(t *testing.T) {
 	// searched for repeats, keyed by a header fasthttp parses itself, and
 	// with its host and path from a URL header.
 	hu := newHandler(t, "name=ua key=header:User-Agent+host limit=1000000/1m path=/api; name=len key=ip limit=1000000/1h cost=header:X-Original-Content-Length",
-		func(o *Options) { o.URLHeader = "X-Original-URL" })
+		func(o *testOptions) { o.URLHeader = "X-Original-URL" })
 	parsed := serveRaw(t, hu, rawAuth("User-Agent: curl/8.0", "X-Original-URL: https://api.example.com/API/v1?x=1", "X-Original-Content-Length: 5000", "Accept: */*"))
 	if parsed.Response.StatusCode() != 200 || len(parsed.Response.Header.Peek("RateLimit-Policy")) == 0 {
 		t.Fatalf("parsed request: %d %s", parsed.Response.StatusCode(), parsed.Response.Body())
@@ -181,7 +197,7 @@ func TestHeaderNamesInAnyCase(t *testing.T) {
 			[]string{"Host: authlimit", "x-real-ip: 198.51.100.9", "X-Forwarded-Method: POST", "X-Forwarded-Uri: /login", "X-Forwarded-Host: api.example.com"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHandler(t, rule, func(o *Options) {
+			h := newHandler(t, rule, func(o *testOptions) {
 				o.MethodHeader, o.URIHeader, o.HostHeader = tc.method, tc.uri, tc.host
 			})
 			raw := "GET /auth HTTP/1.1\r\n" + strings.Join(tc.lines, "\r\n") + "\r\n\r\n"
@@ -279,7 +295,7 @@ func TestCostZero(t *testing.T) {
 // never read from X-Forwarded-Host or X-Forwarded-Uri.
 func TestURLHeader(t *testing.T) {
 	rules := "name=api key=ip limit=1/1m host=api.example.com path=/login; name=host key=host limit=1/1m path=/k"
-	withURL := func(o *Options) { o.URLHeader = "X-Original-URL" }
+	withURL := func(o *testOptions) { o.URLHeader = "X-Original-URL" }
 	serve := func(h *Handler, headers ...string) (int, string) {
 		ctx := newCtx()
 		authRequest(ctx, "203.0.113.7", headers...)
@@ -320,7 +336,7 @@ func TestURLHeader(t *testing.T) {
 		}
 	}
 	// An allow-listed client is let through before any of that.
-	allow := newHandler(t, rules, withURL, func(o *Options) { o.AllowCIDRs = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")} })
+	allow := newHandler(t, rules, withURL, func(o *testOptions) { o.engine.AllowCIDRs = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")} })
 	if code, _ := serve(allow); code != 200 {
 		t.Errorf("allow-listed client without a URL: %d, want 200", code)
 	}
@@ -407,8 +423,9 @@ func BenchmarkAuthRedis(b *testing.B) {
 		b.Cleanup(func() { _ = store.Close() })
 		local := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
 		b.Cleanup(func() { _ = local.Close() })
+		sets := rulesettest.Holder(b, rs)
 		g, err := guard.New(guard.Options{
-			Store: store, Remote: true, Local: local, Rules: rulesettest.Holder(b, rs), DenyCacheSize: 1000,
+			Store: store, Remote: true, Local: local, Rules: sets, DenyCacheSize: 1000,
 			BreakerFailures: 5, BreakerBackoff: 100 * time.Millisecond, BreakerMaxBackoff: 500 * time.Millisecond, ProbeTimeout: time.Second,
 		})
 		if err != nil {
@@ -418,9 +435,12 @@ func BenchmarkAuthRedis(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(g.Close)
+		e, err := decide.New(decide.Options{Rules: sets, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
+		if err != nil {
+			b.Fatal(err)
+		}
 		h, err := New(Options{
-			Rules: rs, Decider: g, Ready: g, Proxies: rules.Proxies{Trusted: defaultTrusted},
-			IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429,
+			Engine: e, Ready: g, Proxies: rules.Proxies{Trusted: defaultTrusted},
 			MethodHeader: "X-Forwarded-Method", URIHeader: "X-Forwarded-Uri", HostHeader: "X-Forwarded-Host",
 		})
 		if err != nil {

@@ -15,7 +15,7 @@ import (
 func TestTierFromTrustedProxyOnly(t *testing.T) {
 	const src = "name=api key=header:X-Api-Key limit=2/1h tier=header:X-Plan; tier rule=api name=pro limit=4/1h; override rule=api key=k-acme limit=6/1h"
 	trusted := newHandler(t, src)
-	untrusted := newHandler(t, src, func(o *Options) {
+	untrusted := newHandler(t, src, func(o *testOptions) {
 		o.Proxies = rules.Proxies{Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
 	})
 	admitted := func(h *Handler, policy string, lines ...string) int {

@@ -7,6 +7,7 @@
 package ruleset
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/authlimit/authlimit/algo"
@@ -31,6 +32,9 @@ func New(rs []*rules.Rule, cfg *envoyconf.Config) (*Set, error) {
 	if len(rs) == 0 || len(rs) > algo.MaxRules {
 		return nil, fmt.Errorf("ruleset: %d rules; want 1 to %d", len(rs), algo.MaxRules)
 	}
+	if err := sharedLabel(rs, cfg); err != nil {
+		return nil, err
+	}
 	s := &Set{rules: rs, rls: cfg, index: map[algo.Identity]int{}}
 	add := func(p *algo.Policy) {
 		id := p.Identity()
@@ -50,6 +54,25 @@ func New(rs []*rules.Rule, cfg *envoyconf.Config) (*Set, error) {
 		}
 	}
 	return s, nil
+}
+
+// sharedLabel refuses a limit of cfg that goes by a rule's name (its
+// rate_limit.name): the metrics' rule label would count both as one.
+func sharedLabel(rs []*rules.Rule, cfg *envoyconf.Config) error {
+	if cfg == nil {
+		return nil
+	}
+	names := make(map[string]bool, len(rs))
+	for _, r := range rs {
+		names[r.Name] = true
+	}
+	var errs []error
+	for _, l := range cfg.Limits() {
+		if l.Policy != nil && names[l.Label()] {
+			errs = append(errs, fmt.Errorf("ruleset: the rate limit service's limit %s is named %q, as a rule is: the metrics would count both as one; rename one", l.Key, l.Label()))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Rules returns the rules, in order. The caller must not modify them.

@@ -213,3 +213,33 @@ func TestSetNumbersEachIdentityOnce(t *testing.T) {
 		t.Error("New without rules: accepted")
 	}
 }
+
+// TestLimitNamedAsARule: a rate-limit service's limit named as a rule
+// would merge their metrics: a set with both is refused, at start and on a
+// reload of either, naming the limit and the name.
+func TestLimitNamedAsARule(t *testing.T) {
+	rs, err := rules.Parse("name=per_key key=ip limit=1/1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clash := mustRLS(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: per_key, unit: hour, requests_per_unit: 1}\n")
+	const want = `limit d.k is named "per_key", as a rule is`
+	if _, err := New(rs, clash); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("New = %v, want %q", err, want)
+	}
+	other := mustRLS(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: per_other, unit: hour, requests_per_unit: 1}\n")
+	set, err := New(rs, other)
+	if err != nil {
+		t.Fatalf("New without a clash: %v", err)
+	}
+	if _, err := NewHolder(set).WithRLS(clash, time.Now()); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("WithRLS = %v, want %q", err, want)
+	}
+	renamed, err := rules.Parse("name=per_other key=ip limit=1/1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewHolder(set).WithRules(renamed, time.Now()); err == nil || !strings.Contains(err.Error(), `limit d.k is named "per_other", as a rule is`) {
+		t.Errorf("WithRules = %v, want the clash refused", err)
+	}
+}

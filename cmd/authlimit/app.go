@@ -99,7 +99,7 @@ func (a *app) hold(d time.Duration) {
 func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 	a := &app{log: log, stopping: make(chan struct{}), reg: prometheus.NewRegistry()}
 	a.warn(s)
-	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo(version))
 	a.conns = newConnMetrics(a.reg)
 	a.connCap = conncap.New(s.maxConns, a.conns.rejected.Inc)
 	stopReleaser := make(chan struct{})
@@ -230,7 +230,6 @@ func (a *app) newHandler(_ context.Context, s *settings) error {
 		HostHeader:   s.HostHeader,
 		URLHeader:    s.URLHeader,
 		Registry:     a.reg,
-		Logger:       a.log,
 		Sleep:        a.hold,
 	})
 	a.handler = h

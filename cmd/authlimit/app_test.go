@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -539,8 +540,11 @@ func TestEndpoints(t *testing.T) {
 		m := app.do(t, request{path: "/metrics"})
 		wantStatus(t, m, 200, "/metrics")
 		for _, want := range []string{
-			`authlimit_requests_total{result="allowed"} 1`,
+			`authlimit_requests_total{front="http",result="allowed"} 1`,
+			`authlimit_request_duration_seconds_count{front="http"} 1`,
 			`authlimit_decisions_total{outcome="allowed",rule="default"} 1`,
+			`authlimit_build_info{goversion="` + runtime.Version() + `",revision="`,
+			`",version="dev"} 1`,
 			`authlimit_store_duration_seconds_count{store="primary"} 1`,
 			"go_goroutines",
 		} {

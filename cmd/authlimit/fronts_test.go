@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -25,17 +24,13 @@ import (
 	"github.com/authlimit/authlimit/rules"
 )
 
-// buildBinary builds authlimit into a temporary directory.
+// buildBinary returns the built authlimit (see authlimitBinary).
 func buildBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "authlimit")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	return bin
+	return authlimitBinary(t)
 }
 
 // binary is a running authlimit, killed at the end of the test unless it

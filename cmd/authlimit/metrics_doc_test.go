@@ -1,18 +1,11 @@
 package main
 
 import (
-	"io"
-	"net"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
-
-	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
-	"github.com/authlimit/authlimit/front/spoa/spoatest"
-	"github.com/authlimit/authlimit/internal/redistest"
 )
 
 // metricsDoc holds the metrics table, a row per metric family.
@@ -28,55 +21,28 @@ func TestDocsDocumentEveryMetric(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	documented := map[string]bool{}
-	row := regexp.MustCompile("^\\| `(authlimit_[a-z0-9_]+)`")
+	documented := map[string][]string{} // family → its labels, as the table lists them
+	row := regexp.MustCompile("^\\| `(authlimit_[a-z0-9_]+)` \\|([^|]*)\\|")
+	label := regexp.MustCompile("`([a-z_]+)`")
 	for _, line := range strings.Split(string(readme), "\n") {
 		if m := row.FindStringSubmatch(line); m != nil {
-			documented[m[1]] = true
+			labels := []string{}
+			for _, l := range label.FindAllStringSubmatch(m[2], -1) {
+				labels = append(labels, l[1])
+			}
+			sort.Strings(labels)
+			documented[m[1]] = labels
 		}
 	}
 	if len(documented) < 10 {
 		t.Fatalf("found %d metric rows in %s; has its table moved?", len(documented), metricsDoc)
 	}
 
-	srv := redistest.New(t)
-	app := startApp(t, map[string]string{
-		"AUTHLIMIT_REDIS_URL":     srv.URL,
-		"AUTHLIMIT_KEY_PREFIX":    srv.Prefix(t),
-		"AUTHLIMIT_RULES":         "name=per-ip key=ip limit=1/1m",
-		"AUTHLIMIT_GRPC_LISTEN":   "127.0.0.1:0",
-		"AUTHLIMIT_RLS_CONFIG":    writeFile(t, "rls.yaml", rlsConfig),
-		"AUTHLIMIT_REDIS_TIMEOUT": "1s",
-		"AUTHLIMIT_SPOA_LISTEN":   "127.0.0.1:0",
-	})
-	for range 3 {
-		app.do(t, authFrom("203.0.113.7"))
-	}
-	conn := grpcClient(t, app.app.grpc.listener.Addr().String())
-	rl := pb.NewRateLimitServiceClient(conn)
-	for range 2 {
-		shouldRateLimit(t, rl, "another", "key3", "metrics")
-	}
-	// The SPOE agent: a decision, then a frame that breaks the protocol.
-	spoaAddr := app.app.spoa.listener.Addr().String()
-	sc, err := spoatest.Dial(spoaAddr, 16380)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sc.Ask(spoatest.Request{Method: "GET", Target: "/", Headers: []string{"Host", "h"}}); err != nil {
-		t.Fatal(err)
-	}
-	sc.Close()
-	if nc, err := net.Dial("tcp", spoaAddr); err == nil {
-		_, _ = nc.Write([]byte{0, 0, 0, 3, 1, 0, 0})
-		_, _ = io.Copy(io.Discard, nc)
-		nc.Close()
-	}
-	m := app.do(t, request{path: "/metrics"})
-	wantStatus(t, m, 200, "/metrics")
+	body := exportEveryFront(t)
 	var missing []string
 	seen := 0
-	for _, line := range strings.Split(m.body, "\n") {
+	exported := exportedLabels(body)
+	for _, line := range strings.Split(body, "\n") {
 		name, ok := strings.CutPrefix(line, "# HELP ")
 		if !ok {
 			continue
@@ -86,8 +52,22 @@ func TestDocsDocumentEveryMetric(t *testing.T) {
 			continue
 		}
 		seen++
-		if !documented[name] {
+		if _, ok := documented[name]; !ok {
 			missing = append(missing, name)
+		}
+	}
+	for name, labels := range exported {
+		doc, ok := documented[name]
+		if !ok {
+			continue // reported above, or a histogram's series
+		}
+		got := make([]string, 0, len(labels))
+		for l := range labels {
+			got = append(got, l)
+		}
+		sort.Strings(got)
+		if strings.Join(got, ",") != strings.Join(doc, ",") {
+			t.Errorf("%s has the labels %v; the metrics table of %s lists %v", name, got, metricsDoc, doc)
 		}
 	}
 	if seen < 10 {

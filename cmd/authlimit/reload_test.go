@@ -21,22 +21,26 @@ import (
 // The reload tests run the built binary, as a deployment does: the file
 // watch, SIGHUP and the swap under load are the process's own.
 
+// builtBinary is cmd/authlimit built once per test run, in a directory
+// TestMain removes.
 var builtBinary struct {
 	once sync.Once
+	dir  string
 	path string
 	err  error
 }
 
-// authlimitBinary builds cmd/authlimit once per test run.
+// authlimitBinary builds cmd/authlimit once per test run (without the race
+// detector, as make build does) and returns its path.
 func authlimitBinary(t *testing.T) string {
 	t.Helper()
 	builtBinary.once.Do(func() {
-		dir, err := os.MkdirTemp("", "authlimit-reload-")
+		dir, err := os.MkdirTemp("", "authlimit-test-")
 		if err != nil {
 			builtBinary.err = err
 			return
 		}
-		builtBinary.path = filepath.Join(dir, "authlimit")
+		builtBinary.dir, builtBinary.path = dir, filepath.Join(dir, "authlimit")
 		if out, err := exec.Command("go", "build", "-o", builtBinary.path, ".").CombinedOutput(); err != nil {
 			builtBinary.err = fmt.Errorf("go build: %v\n%s", err, out)
 		}
@@ -45,6 +49,13 @@ func authlimitBinary(t *testing.T) string {
 		t.Fatal(builtBinary.err)
 	}
 	return builtBinary.path
+}
+
+// removeBuiltBinary removes the built binary's directory, if any.
+func removeBuiltBinary() {
+	if builtBinary.dir != "" {
+		_ = os.RemoveAll(builtBinary.dir)
+	}
 }
 
 // liveAuthlimit is a running authlimit process.
@@ -487,7 +498,7 @@ func TestReloadLeavesRequestsInFlight(t *testing.T) {
 	}()
 	// The second request is decided at once, then held for its turn,
 	// about 5s: once it is counted, it is in flight.
-	for a.metric(t, `authlimit_requests_total{result="allowed"}`) < 2 {
+	for a.metric(t, `authlimit_requests_total{front="http",result="allowed"}`) < 2 {
 		if time.Since(start) > 3*time.Second {
 			t.Fatal("the second request not decided 3s after it was sent")
 		}

@@ -183,7 +183,7 @@ func TestConnectionsAcceptedCounted(t *testing.T) {
 	if got, want := metric(t, app, "authlimit_connections_accepted_total"), 3.0; got != want {
 		t.Errorf("authlimit_connections_accepted_total = %v after 14 requests on 2 connections and a scrape on a third, want %v", got, want)
 	}
-	if got := metric(t, app, `authlimit_requests_total{result="denied"}`); got != 12 {
+	if got := metric(t, app, `authlimit_requests_total{front="http",result="denied"}`); got != 12 {
 		t.Errorf(`authlimit_requests_total{result="denied"} = %v, want 12`, got)
 	}
 }

@@ -111,9 +111,13 @@ func New(opts Options) (*Server, error) {
 	if opts.Sleep == nil {
 		opts.Sleep = sleep
 	}
+	front, err := opts.Engine.Front("extauthz")
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{engine: opts.Engine, proxies: opts.Proxies, sleep: opts.Sleep,
 		shape: pbwire.NewShape((&authv3.CheckRequest{}).ProtoReflect().Descriptor())}
-	s.scratch.New = func() any { return &scratch{srv: s, out: decide.Outcome{Front: "ext_authz"}} }
+	s.scratch.New = func() any { return &scratch{srv: s, out: decide.Outcome{Front: front}} }
 	return s, nil
 }
 

@@ -85,6 +85,7 @@ type readerState struct {
 	block    []byte // the header block being received
 	blockID  uint32
 	blockEnd bool // its HEADERS frame ended the stream
+	blockDep bool // its HEADERS frame made the stream depend on itself
 	hdr      reqHeaders
 	// last is the previous header block that stood alone (see
 	// standalone), and lastHdr what it said: the same block again, as a

@@ -32,6 +32,7 @@ func (c *conn) data(f *http2.DataFrame) error {
 	c.mu.Lock()
 	s := c.sh.streams[f.StreamID]
 	idle := f.StreamID > c.sh.maxStream
+	late := c.sh.goingAway && f.StreamID > c.sh.lastStream
 	c.mu.Unlock()
 	if s == nil || s.rd.ended {
 		c.release(n)
@@ -41,8 +42,16 @@ func (c *conn) data(f *http2.DataFrame) error {
 		case s != nil:
 			// Half-closed by the client, whose call runs.
 			c.resetStream(f.StreamID, http2.ErrCodeStreamClosed)
+		case late:
+			// A stream opened after GOAWAY: ignored (section 6.8).
+		default:
+			// A stream closed: STREAM_CLOSED (section 5.1), counted as
+			// a frame that only earns a reset.
+			if err := c.idleFrame(); err != nil {
+				return err
+			}
+			c.resetStream(f.StreamID, http2.ErrCodeStreamClosed)
 		}
-		// A stream already closed: ignored, but counted (section 5.1).
 		return nil
 	}
 	s.rd.recvUsed += n

@@ -73,6 +73,7 @@ func (c *conn) frame(f http2.Frame) error {
 		}
 		c.rd.block = append(c.rd.block[:0], f.HeaderBlockFragment()...)
 		c.rd.blockID, c.rd.blockEnd = f.StreamID, f.StreamEnded()
+		c.rd.blockDep = f.HasPriority() && f.Priority.StreamDep == f.StreamID
 		if f.HeadersEnded() {
 			return c.headers()
 		}
@@ -141,10 +142,20 @@ func (c *conn) frame(f http2.Frame) error {
 			return errors.New("client went away")
 		}
 		return nil
+	case *http2.PriorityFrame:
+		// Ignored (section 5.3.2), unless the stream depends on
+		// itself: a stream error (section 5.3.1).
+		if err := c.idleFrame(); err != nil {
+			return err
+		}
+		if f.StreamDep == f.StreamID {
+			c.resetStream(f.StreamID, http2.ErrCodeProtocol)
+		}
+		return nil
 	case *http2.PushPromiseFrame:
 		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE from a client"}
 	default:
-		// PRIORITY and unknown frame types are ignored (section 5.5).
+		// Unknown frame types are ignored (section 5.5).
 		return c.idleFrame()
 	}
 }

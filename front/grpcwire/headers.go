@@ -15,9 +15,9 @@ import (
 // reqHeaders is what a request's header block says.
 type reqHeaders struct {
 	method, path, contentType, timeout, encoding string
-	authority, host                              int
+	authority, host, scheme                      int
 	size                                         int
-	malformed                                    bool // pseudo-header misplaced, unknown or repeated; connection-specific field; upper-case name
+	malformed                                    bool // pseudo-header misplaced, unknown, repeated or empty; connection-specific field; upper-case name
 	regular                                      bool // a regular field came
 	isGRPC                                       bool
 	badTimeout                                   error
@@ -85,7 +85,10 @@ func (c *conn) headers() error {
 	case h.authority > 1 || h.host > 1:
 		c.abort(id, status.New(codes.Internal, "more than one :authority or host"), 400)
 		return nil
-	case h.malformed:
+	case h.malformed || h.method == "" || h.path == "" || h.scheme == 0 || rd.blockDep:
+		// A request without :method, :scheme or :path is malformed
+		// (RFC 9113, section 8.3.1); a stream may not depend on itself
+		// (section 5.3.1).
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return nil
 	case !h.isGRPC:
@@ -201,12 +204,16 @@ func (c *conn) field(f hpack.HeaderField) {
 			h.authority++
 			return
 		case ":scheme":
+			h.scheme++
+			if h.scheme > 1 || f.Value == "" {
+				h.malformed = true
+			}
 			return
 		default:
 			h.malformed = true
 			return
 		}
-		if *p != "" {
+		if *p != "" || f.Value == "" {
 			h.malformed = true
 		}
 		*p = f.Value

@@ -44,6 +44,11 @@ func TestRawGRPCSemantics(t *testing.T) {
 		{name: "two authorities", headers: grpcHeaders(echoPath, ":authority", "b"), body: hello, reset: true, rst: http2.ErrCodeProtocol},
 		{name: "connection header", headers: grpcHeaders(echoPath, "connection", "keep-alive"), body: hello, reset: true, rst: http2.ErrCodeProtocol},
 		{name: "te not trailers", headers: []string{":method", "POST", ":scheme", "http", ":path", echoPath, ":authority", "a", "content-type", "application/grpc", "te", "gzip"}, body: hello, reset: true, rst: http2.ErrCodeProtocol},
+		{name: "no :method", headers: []string{":scheme", "http", ":path", echoPath, ":authority", "a", "content-type", "application/grpc"}, body: hello, reset: true, rst: http2.ErrCodeProtocol},
+		{name: "no :scheme", headers: []string{":method", "POST", ":path", echoPath, ":authority", "a", "content-type", "application/grpc"}, body: hello, reset: true, rst: http2.ErrCodeProtocol},
+		{name: "no :path", headers: []string{":method", "POST", ":scheme", "http", ":authority", "a", "content-type", "application/grpc"}, body: hello, reset: true, rst: http2.ErrCodeProtocol},
+		{name: "empty :path", headers: []string{":method", "POST", ":scheme", "http", ":path", "", ":authority", "a", "content-type", "application/grpc"}, body: hello, reset: true, rst: http2.ErrCodeProtocol},
+		{name: "two :scheme", headers: []string{":method", "POST", ":scheme", "http", ":scheme", "http", ":path", echoPath, ":authority", "a", "content-type", "application/grpc"}, body: hello, reset: true, rst: http2.ErrCodeProtocol},
 		{name: "pseudo after regular", headers: []string{":method", "POST", "content-type", "application/grpc", ":path", echoPath, ":authority", "a"}, body: hello, reset: true, rst: http2.ErrCodeProtocol},
 		{name: "unknown pseudo", headers: grpcHeaders(echoPath)[:0:0], body: hello, reset: true, rst: http2.ErrCodeProtocol},
 		{name: "upper case", headers: grpcHeaders(echoPath, "X-Big", "1"), body: hello, reset: true, rst: http2.ErrCodeProtocol},
@@ -85,6 +90,53 @@ func TestRawGRPCSemantics(t *testing.T) {
 			// The connection goes on.
 			r.call(3, "after")
 			if a := r.answer(3); a.grpcStatus != "0" {
+				t.Fatalf("call after: %+v", a)
+			}
+		})
+	}
+}
+
+// TestRawStreamErrors: each stream error resets its stream with its code
+// (RFC 9113; the cases h2spec tries), and the connection goes on.
+func TestRawStreamErrors(t *testing.T) {
+	_, _, _, addr := testServer(t, Options{})
+	for _, tc := range []struct {
+		name string
+		send func(r *raw) uint32 // returns the stream that must be reset
+		code http2.ErrCode
+	}{
+		{"DATA after the call was answered", func(r *raw) uint32 {
+			r.call(1, "x")
+			if a := r.answer(1); a.grpcStatus != "0" {
+				r.t.Fatalf("call: %+v", a)
+			}
+			_ = r.fr.WriteData(1, true, []byte{0})
+			return 1
+		}, http2.ErrCodeStreamClosed},
+		{"DATA after the client's RST_STREAM", func(r *raw) uint32 {
+			r.headers(1, false, grpcHeaders(echoPath)...)
+			_ = r.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+			_ = r.fr.WriteData(1, true, []byte{0})
+			return 1
+		}, http2.ErrCodeStreamClosed},
+		{"HEADERS depending on its own stream", func(r *raw) uint32 {
+			_ = r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: r.block(grpcHeaders(echoPath)...), EndHeaders: true,
+				Priority: http2.PriorityParam{StreamDep: 1, Weight: 10}})
+			return 1
+		}, http2.ErrCodeProtocol},
+		{"PRIORITY depending on its own stream", func(r *raw) uint32 {
+			_ = r.fr.WritePriority(1, http2.PriorityParam{StreamDep: 1, Weight: 10})
+			return 1
+		}, http2.ErrCodeProtocol},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rawDial(t, addr)
+			id := tc.send(r)
+			if a := r.answer(id); !a.reset || a.rst != tc.code {
+				t.Fatalf("answer %+v, want RST_STREAM %v", a, tc.code)
+			}
+			r.call(11, "after")
+			if a := r.answer(11); a.grpcStatus != "0" {
 				t.Fatalf("call after: %+v", a)
 			}
 		})

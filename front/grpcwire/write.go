@@ -26,6 +26,7 @@ func (c *conn) queueLocked(s *stream, out *[]byte) {
 		putBuf(out)
 	}
 	if !c.pushLocked(s) {
+		shrinkLocked(s)
 		if len(c.sh.blocked) == 0 {
 			c.sh.blockedAt = time.Now()
 		}
@@ -36,6 +37,21 @@ func (c *conn) queueLocked(s *stream, out *[]byte) {
 		}
 		c.sh.blocked = append(c.sh.blocked, s)
 	}
+}
+
+// shrinkLocked keeps what waits of s's answer in a buffer of its size,
+// and gives the pooled one back: a client that never opens its window may
+// leave every one of its streams waiting, and each would hold a pooled
+// buffer many times its answer's size.
+func shrinkLocked(s *stream) {
+	rest := (*s.sh.out)[s.sh.outOff:]
+	if cap(*s.sh.out) <= 2*len(rest)+256 {
+		return
+	}
+	b := make([]byte, len(rest))
+	copy(b, rest)
+	putBuf(s.sh.out)
+	s.sh.out, s.sh.outOff = &b, 0
 }
 
 // pushLocked sends what the windows allow of s's waiting bytes, then its

@@ -26,7 +26,7 @@ func (s *Service) ServeJSON(ctx *fasthttp.RequestCtx) {
 		ctx.Error("bad request: the body is not a RateLimitRequest in JSON: "+err.Error()+"\n", fasthttp.StatusBadRequest)
 		return
 	}
-	resp, err := s.ShouldRateLimit(context.Background(), &req)
+	resp, err := s.shouldRateLimit(context.Background(), &req, s.json)
 	if err != nil {
 		code := fasthttp.StatusInternalServerError
 		switch status.Code(err) {

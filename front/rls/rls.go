@@ -80,10 +80,6 @@ const (
 	MaxEntries = 64
 )
 
-// overrideLabel is the metrics' rule label of every limit Envoy sends with
-// a descriptor: there may be up to envoyconf.MaxOverrides of them.
-const overrideLabel = "override"
-
 // Options configure a Service.
 type Options struct {
 	// Rules holds the rule set in force, whose envoyproxy/ratelimit
@@ -112,10 +108,11 @@ type Service struct {
 	rules *ruleset.Holder
 	// view is the engine limits of the last configuration a request was
 	// answered from, made once per configuration (see viewOf).
-	view    atomic.Pointer[configView]
-	engine  *decide.Engine
-	metrics *Metrics
-	clock   func() time.Time
+	view      atomic.Pointer[configView]
+	engine    *decide.Engine
+	metrics   *Metrics
+	rls, json *decide.Front // the fronts the metrics count gRPC's and /json's requests under
+	clock     func() time.Time
 	// metadata is Options.ResponseMetadata.
 	metadata bool
 	scratch  sync.Pool     // *scratch
@@ -152,7 +149,14 @@ func New(opts Options) (*Service, error) {
 	}
 	s := &Service{rules: opts.Rules, engine: opts.Engine, metrics: m, clock: opts.Clock, metadata: opts.ResponseMetadata,
 		shape: pbwire.NewShape((&pb.RateLimitRequest{}).ProtoReflect().Descriptor())}
-	s.scratch.New = func() any { return &scratch{srv: s, out: decide.Outcome{Front: "rls"}} }
+	var err error
+	if s.rls, err = opts.Engine.Front("rls"); err != nil {
+		return nil, err
+	}
+	if s.json, err = opts.Engine.Front("json"); err != nil {
+		return nil, err
+	}
+	s.scratch.New = func() any { return &scratch{srv: s} }
 	return s, nil
 }
 
@@ -175,7 +179,7 @@ func (s *Service) viewOf(cfg *envoyconf.Config) *configView {
 	v := &configView{config: cfg, limits: map[*envoyconf.Limit]*decide.Limit{}}
 	for _, l := range cfg.Limits() {
 		if l.Policy != nil {
-			v.limits[l] = s.engine.NewLimit(l.Policy.Name(), l.Policy)
+			v.limits[l] = s.engine.NewLimit(l.Label(), l.Policy)
 		}
 	}
 	s.view.Store(v)
@@ -191,7 +195,7 @@ func (s *Service) limit(v *configView, l *envoyconf.Limit) *decide.Limit {
 	if d, ok := v.overrides.Load(l); ok {
 		return d.(*decide.Limit)
 	}
-	d, _ := v.overrides.LoadOrStore(l, s.engine.NewLimitCountedAs(l.Policy.Name(), overrideLabel, l.Policy))
+	d, _ := v.overrides.LoadOrStore(l, s.engine.NewLimitCountedAs(l.Policy.Name(), envoyconf.OverrideLabel, l.Policy))
 	return d.(*decide.Limit)
 }
 
@@ -222,6 +226,7 @@ type scratch struct {
 	keys   []byte
 	remap  []int  // translate's: old request index to new
 	values []byte // the response headers' values, while they are copied
+	detail []byte // a detailed metric's series, while it is looked up
 	out    decide.Outcome
 	ans    answer
 }
@@ -246,8 +251,15 @@ func (s *Service) release(sc *scratch) {
 
 // ShouldRateLimit decides a request's descriptors, all or nothing.
 func (s *Service) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	return s.shouldRateLimit(ctx, r, s.rls)
+}
+
+// shouldRateLimit is ShouldRateLimit with its requests counted under
+// front.
+func (s *Service) shouldRateLimit(ctx context.Context, r *pb.RateLimitRequest, front *decide.Front) (*pb.RateLimitResponse, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
+	sc.out.Front = front
 	fromMessage(&sc.req, r)
 	failedOpen, err := s.decide(ctx, sc)
 	s.metrics.count(&sc.ans, failedOpen, err)
@@ -266,6 +278,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, r *pb.RateLimitRequest) (
 func (s *Service) ShouldRateLimitWire(ctx context.Context, b, out []byte) ([]byte, error) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
+	sc.out.Front = s.rls
 	if !readRequest(&sc.req, b, s.shape) {
 		var m pb.RateLimitRequest
 		if err := proto.Unmarshal(b, &m); err != nil {
@@ -293,6 +306,7 @@ func (s *Service) ShouldRateLimitAsync(_ context.Context, b, out []byte, r *grpc
 	}
 	sc.now = s.clock()
 	sc.reply, sc.resp = r, out
+	sc.out.Front = s.rls
 	ask, failedOpen, err := s.begin(sc, sc.now)
 	if !ask {
 		sc.send(failedOpen, err)
@@ -603,6 +617,12 @@ func (s *Service) respond(r *request, sc *scratch, out *decide.Outcome, now time
 	s.setMetadata(r, sc)
 	if out == nil {
 		return
+	}
+	for _, ap := range sc.apps {
+		if ap.limit.Detailed && ap.req >= 0 && ap.req < len(res) {
+			d := &r.descs[ap.desc]
+			sc.detail = s.metrics.countDetailed(ap.limit, r.entries[d.from:d.to], &res[ap.req], sc.detail)
+		}
 	}
 	if !out.Verdict.Admitted() {
 		// A denial has a denying enforcing limit, whose status says so.

@@ -47,8 +47,14 @@ func NewAgent(opts AgentOptions) (*Agent, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	// The engine's metrics count the agent's requests under the front
+	// "spoa".
+	front, err := opts.Engine.Front("spoa")
+	if err != nil {
+		return nil, err
+	}
 	a := &Agent{engine: opts.Engine, stopping: opts.Stopping, log: opts.Log}
-	a.scratch.New = func() any { return &scratch{a: a} }
+	a.scratch.New = func() any { return &scratch{a: a, out: decide.Outcome{Front: front}} }
 	return a, nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/guard"
@@ -25,6 +27,13 @@ var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 // clock.
 func newEngine(t testing.TB, src string) *decide.Engine {
 	t.Helper()
+	return newEngineIn(t, src, nil)
+}
+
+// newEngineIn is newEngine with its metrics registered in reg (nil: a
+// registry of its own).
+func newEngineIn(t testing.TB, src string, reg prometheus.Registerer) *decide.Engine {
+	t.Helper()
 	rs, err := rules.Parse(src)
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +46,7 @@ func newEngine(t testing.TB, src string) *decide.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := decide.New(decide.Options{Rules: h, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Clock: clock})
+	e, err := decide.New(decide.Options{Rules: h, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429, Clock: clock, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,6 +243,45 @@ func TestAgentAnswers(t *testing.T) {
 	a, vars = p.ask(get("203.0.113.8", "/api", "X-Api-Key", "k1", "X_Api_Key", "k2"), 4)
 	if string(vars["verdict"].b) != "invalid" || a.status != 429 || string(vars["reason"].b) != "repeated-header" || a.headers["Retry-After"] != "" {
 		t.Errorf("X-Api-Key twice: %v", vars)
+	}
+}
+
+// TestAgentCountsUnderItsFront: the engine's metrics count the agent's
+// requests under the front "spoa", by result, each observed once in the
+// front's duration histogram.
+func TestAgentCountsUnderItsFront(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p := agentPeer(t, newEngineIn(t, "name=per-ip key=ip limit=1/1m", reg), 16380)
+	p.ask(get("203.0.113.7", "/"), 1)
+	p.ask(get("203.0.113.7", "/"), 2)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := []string{}
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			key := f.GetName() + "{" + strings.Join(labels, ",") + "}"
+			switch {
+			case m.GetCounter() != nil:
+				got[key] = m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				got[key] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	for k, want := range map[string]float64{
+		"authlimit_requests_total{front=spoa,result=allowed}": 1,
+		"authlimit_requests_total{front=spoa,result=denied}":  1,
+		"authlimit_request_duration_seconds{front=spoa}":      2,
+	} {
+		if got[k] != want {
+			t.Errorf("%s = %v, want %v", k, got[k], want)
+		}
 	}
 }
 
