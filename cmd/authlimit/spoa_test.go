@@ -39,7 +39,7 @@ func TestSPOAAgent(t *testing.T) {
 			t.Errorf("fifth, through SPOE: %v, want a denial", vars)
 		}
 		m := app.do(t, request{path: "/metrics"})
-		for _, want := range []string{"authlimit_spoa_connections_accepted_total 1", `authlimit_requests_total{result="denied"} 2`} {
+		for _, want := range []string{"authlimit_spoa_connections_accepted_total 1", `authlimit_requests_total{front="spoa",result="allowed"} 2`, `authlimit_requests_total{front="spoa",result="denied"} 1`, `authlimit_requests_total{front="http",result="denied"} 1`} {
 			if !strings.Contains(m.body, want) {
 				t.Errorf("/metrics lacks %q", want)
 			}
