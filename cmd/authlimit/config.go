@@ -89,6 +89,7 @@ type config struct {
 	RLSResponseMetadata   bool          `env:"RLS_RESPONSE_METADATA" envDefault:"false"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
 	AdminToken            string        `env:"ADMIN_TOKEN"`
+	SPOAListen            string        `env:"SPOA_LISTEN"`
 	TopSize               int           `env:"TOP_SIZE"` // default in defaultConfig
 	TopWindow             time.Duration `env:"TOP_WINDOW"`
 	TopShareInterval      time.Duration `env:"TOP_SHARE_INTERVAL"`
@@ -190,6 +191,7 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		ruleSettings,
 		clientSettings,
 		grpcPeerSettings,
+		spoaSettings,
 		decisionSettings,
 		limitSettings,
 		logSettings,

@@ -48,6 +48,7 @@ func (s *settings) describe() string {
 	w("headers", headers)
 	w("deny cache", fmt.Sprintf("%d keys", s.DenyCacheSize))
 	s.describeRLS(w)
+	s.describeSPOA(w)
 	s.describeGRPCPeers(w)
 	s.describeGRPCTLS(w)
 	switch {
