@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/authlimit/authlimit/internal/membudget"
 	"github.com/authlimit/authlimit/internal/tlstest"
 )
 
@@ -175,5 +176,24 @@ func TestTLSPeersBeforeHandshake(t *testing.T) {
 	}
 	if refused.Load() != 1 {
 		t.Fatalf("refused %d, want 1", refused.Load())
+	}
+}
+
+// TestTLSHandshakeBudget: a handshake holds handshakeCost of the budget
+// while it runs: with less room than that, the connection is closed
+// before its handshake, and the refusal counted.
+func TestTLSHandshakeBudget(t *testing.T) {
+	ca := tlstest.NewCA(t, "ca")
+	budget := membudget.New(handshakeCost / 2)
+	_, addr := tlsServer(t, Options{Budget: budget, TLS: &tls.Config{Certificates: []tls.Certificate{ca.Server(t, 7).TLS}}})
+	if c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.Pool(), NextProtos: []string{"h2"}}); err == nil {
+		_ = c.Close()
+		t.Fatal("a handshake ran without room in the budget")
+	}
+	if budget.Refusals() == 0 {
+		t.Error("the handshake's refusal is not counted")
+	}
+	if budget.Used() != 0 {
+		t.Errorf("%d bytes of the budget still held", budget.Used())
 	}
 }
