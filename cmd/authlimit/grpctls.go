@@ -193,7 +193,17 @@ func newGRPCTLS(f tlsFiles, cfg *tls.Config, reg prometheus.Registerer, log *slo
 		Help: "Reloads of the gRPC listener's TLS files (AUTHLIMIT_GRPC_TLS_*) after they changed, by result: ok, or error (the previous certificate is kept; the log says why).",
 	}, []string{"result"})}
 	g.cur.Store(cfg)
-	reg.MustRegister(g.reloads)
+	expiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "authlimit_grpc_tls_certificate_expiry_seconds",
+		Help: "When the gRPC listener's certificate in force expires, in seconds since the Unix epoch: alert well before time() reaches it.",
+	}, func() float64 {
+		c := g.cur.Load()
+		if len(c.Certificates) == 0 || c.Certificates[0].Leaf == nil {
+			return 0
+		}
+		return float64(c.Certificates[0].Leaf.NotAfter.Unix())
+	})
+	reg.MustRegister(g.reloads, expiry)
 	return g
 }
 

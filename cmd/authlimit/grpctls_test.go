@@ -224,7 +224,8 @@ func servedSerial(t *testing.T, addr string, ca *tlstest.CA) int64 {
 // TestGRPCTLSRotation: a Secret's certificate swapped under load (its
 // ..data symlink) is served to new handshakes within seconds, with every
 // call in flight answered; a bad certificate swapped in then keeps the
-// one in force, logged and counted once.
+// one in force, logged and counted once; a new client CA swapped in
+// serves its clients and refuses the old CA's.
 func TestGRPCTLSRotation(t *testing.T) {
 	ca := tlstest.NewCA(t, "ca")
 	dir := t.TempDir()
@@ -308,8 +309,22 @@ func TestGRPCTLSRotation(t *testing.T) {
 	if n := strings.Count(app.logs.String(), "grpc tls files changed and do not load"); n != 1 {
 		t.Errorf("%d log lines of the bad certificate, want 1", n)
 	}
+	// A new client CA: its clients are served, the old CA's refused.
+	next := tlstest.NewCA(t, "next")
+	secretDir(t, dir, "d", map[string][]byte{"tls.crt": second.CertPEM, "tls.key": second.KeyPEM, "ca.crt": next.PEM})
+	nextClient := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{next.Client(t, 12, "envoy").TLS}}
+	deadline = time.Now().Add(20 * time.Second)
+	for tlsCall(addr, nextClient, "198.51.100.10") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("a client of the new client CA is still refused 20 s after the swap")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := tlsCall(addr, client, "198.51.100.11"); err == nil {
+		t.Error("a client of the replaced client CA is still served")
+	}
 	m := app.do(t, request{path: "/metrics"})
-	for _, w := range []string{`authlimit_grpc_tls_reloads_total{result="error"} 1`, `authlimit_grpc_tls_reloads_total{result="ok"} 1`} {
+	for _, w := range []string{`authlimit_grpc_tls_reloads_total{result="error"} 1`, `authlimit_grpc_tls_reloads_total{result="ok"} 2`, "authlimit_grpc_tls_certificate_expiry_seconds " + strconv.FormatFloat(float64(second.Cert.NotAfter.Unix()), 'g', -1, 64)} {
 		if !strings.Contains(m.body, w) {
 			t.Errorf("/metrics lacks %s:\n%s", w, grepLines(m.body, "tls"))
 		}
