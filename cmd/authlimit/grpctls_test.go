@@ -75,6 +75,11 @@ func TestGRPCTLSConfigErrors(t *testing.T) {
 	if w := "grpc tls         mutual TLS 1.2+, h2; certificate " + cert + " (localhost, serial 2, expires "; !strings.Contains(said, w) {
 		t.Errorf("-check output lacks %q:\n%s", w, said)
 	}
+	// Valid files with no gRPC listener: a warning, not a mistake.
+	said, err = checkEnv(t, map[string]string{"AUTHLIMIT_GRPC_TLS_CERT": cert, "AUTHLIMIT_GRPC_TLS_KEY": key})
+	if w := "AUTHLIMIT_GRPC_TLS_CERT is set, AUTHLIMIT_GRPC_LISTEN is not"; err != nil || !strings.Contains(said, w) {
+		t.Errorf("-check without AUTHLIMIT_GRPC_LISTEN = %v, want it to warn %q:\n%s", err, w, said)
+	}
 }
 
 // tlsCall makes a Check and a ShouldRateLimit over TLS with cfg, and
