@@ -68,9 +68,10 @@ test:
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'
 
 # e2e runs authlimit behind real nginx, nginx with Lua, Caddy, Traefik and
-# HAProxy, renders the chart with a real helm, and builds and runs the image
-# with podman (see e2e/README.md for what it needs; the first run builds
-# Traefik and helm). e2e is a module of its own (e2e/go.mod).
+# HAProxy (with its Lua action and with SPOE), renders the chart with a real
+# helm, and builds and runs the image with podman (see e2e/README.md for what
+# it needs; the first run builds Traefik and helm). e2e is a module of its
+# own (e2e/go.mod).
 e2e:
 	cd e2e && $(GO) test -tags e2e -count=1 -timeout 60m -v ./...
 
@@ -139,6 +140,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/extauthz
 	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/rls
 	$(GO) test -run '^$$' -fuzz '^FuzzConn$$' -fuzztime $(FUZZTIME) ./front/grpcwire
+	$(GO) test -run '^$$' -fuzz '^FuzzConn$$' -fuzztime $(FUZZTIME) ./front/spoa
+	$(GO) test -run '^$$' -fuzz '^FuzzReadRequest$$' -fuzztime $(FUZZTIME) ./front/spoa
 
 clean:
 	rm -rf bin dist

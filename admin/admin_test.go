@@ -1,63 +1,23 @@
 package admin
 
 import (
-	"context"
 	"encoding/json"
-	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
-	"github.com/authlimit/authlimit/guard"
-	"github.com/authlimit/authlimit/rules"
-	"github.com/authlimit/authlimit/ruleset/rulesettest"
 )
 
-// clientAdmin returns a Handler over an engine of src on the memory
-// store, whose quota endpoints read the client from X-Forwarded-For, and
-// a function deciding a request of a client as /auth would. reloads
-// answers POST /v1/reload and counts its calls.
+// clientAdmin is testAdmin whose configuration is fixed and whose reloads
+// answer *reloads, counted in *calls.
 func clientAdmin(t *testing.T, src string, reloads *[]ReloadResult, calls *int) (*Handler, func(ip string) decide.Verdict) {
 	t.Helper()
-	rs, err := rules.Parse(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := algo.NewMemory(algo.MemoryOptions{SweepInterval: -1})
-	t.Cleanup(func() { _ = m.Close() })
-	sets := rulesettest.Holder(t, rs)
-	g, err := guard.New(guard.Options{Store: m, Rules: sets})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := decide.New(decide.Options{Rules: sets, Decider: g, IPv4Prefix: 32, IPv6Prefix: 64, DenyStatus: 429})
-	if err != nil {
-		t.Fatal(err)
-	}
-	read := func(ip string, in *decide.Input) {
-		e.Read(in, netip.MustParseAddr(ip), []byte("GET"), []byte("/"), nil, noHeaders{})
-	}
-	h, err := New(Options{
-		Token: testToken, Engine: e, Store: g,
-		Read: func(ctx *fasthttp.RequestCtx, in *decide.Input) {
-			read(string(ctx.Request.Header.Peek("X-Forwarded-For")), in)
-		},
-		Config: func() Config { return Config{Text: "rules: name=r", Hashes: map[string]string{"rules": "feed"}} },
-		Reload: func() []ReloadResult { *calls++; return *reloads },
+	return testAdmin(t, src, func(o *Options) {
+		o.Config = func() Config { return Config{Text: "rules: name=r", Hashes: map[string]string{"rules": "feed"}} }
+		o.Reload = func() []ReloadResult { *calls++; return *reloads }
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h, func(ip string) decide.Verdict {
-		var in decide.Input
-		var o decide.Outcome
-		read(ip, &in)
-		e.Decide(context.Background(), &in, &o)
-		return o.Verdict
-	}
 }
 
 // as sends one request for a client with the token to h.

@@ -26,8 +26,9 @@ func (noHeaders) Lookup(string) ([]byte, int) { return nil, 0 }
 
 // testAdmin returns a Handler over an engine of src on the memory store,
 // with a denials recorder, and a function deciding a request for an
-// address.
-func testAdmin(t *testing.T, src string) (*Handler, func(ip string) decide.Verdict) {
+// address. The quota endpoints read the client from X-Forwarded-For; mod
+// changes the options.
+func testAdmin(t *testing.T, src string, mod ...func(*Options)) (*Handler, func(ip string) decide.Verdict) {
 	t.Helper()
 	rs, err := rules.Parse(src)
 	if err != nil {
@@ -48,21 +49,32 @@ func testAdmin(t *testing.T, src string) (*Handler, func(ip string) decide.Verdi
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Options{
+	read := func(ip string, in *decide.Input) {
+		e.Read(in, netip.MustParseAddr(ip), []byte("GET"), []byte("/"), nil, noHeaders{})
+	}
+	opts := Options{
 		Token: testToken, Engine: e, Store: g,
-		Read:     func(*fasthttp.RequestCtx, *decide.Input) {},
+		Read: func(ctx *fasthttp.RequestCtx, in *decide.Input) {
+			if ip := ctx.Request.Header.Peek("X-Forwarded-For"); len(ip) > 0 {
+				read(string(ip), in)
+			}
+		},
 		Config:   func() Config { return Config{Hashes: map[string]string{"rules": "abc123"}} },
 		Reload:   func() []ReloadResult { return nil },
 		Top:      rec,
 		Circuits: g.Circuits,
-	})
+	}
+	for _, f := range mod {
+		f(&opts)
+	}
+	h, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return h, func(ip string) decide.Verdict {
 		var in decide.Input
 		var o decide.Outcome
-		e.Read(&in, netip.MustParseAddr(ip), []byte("GET"), []byte("/"), nil, noHeaders{})
+		read(ip, &in)
 		e.Decide(context.Background(), &in, &o)
 		return o.Verdict
 	}

@@ -1,15 +1,22 @@
 package main
 
-// This file runs HAProxy, in the two set-ups compared: alone, and with the
-// shipped haproxy/haproxy.cfg and haproxy/authlimit.lua in front of
-// authlimit.
+// This file runs HAProxy, in the set-ups compared: alone; with the shipped
+// haproxy/haproxy-lua.cfg and haproxy/authlimit.lua in front of authlimit;
+// and with the shipped haproxy/haproxy.cfg and haproxy/spoe-authlimit.conf
+// asking authlimit's SPOE agent, or an agent that decides nothing.
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/authlimit/authlimit/front/spoa"
 )
 
 // haproxyAlone answers every request itself, as nginx alone serves its
@@ -38,8 +45,8 @@ func startHAProxyAlone(ctx context.Context, e *runEnv) (*instance, error) {
 	return startHAProxy(ctx, e, fmt.Sprintf(haproxyAlone, addr), addr, nil)
 }
 
-// startHAProxyAuthlimit renders haproxy/haproxy.cfg as e2e/proxies_test.go
-// does, replacing its addresses, with authlimit keeping its default 429.
+// startHAProxyAuthlimit renders haproxy/haproxy-lua.cfg as
+// e2e/proxies_test.go does, replacing its addresses, with authlimit keeping its default 429.
 // As in haproxy alone, the frontend answers the request itself instead of
 // passing it to a backend, takes the client address from the load's
 // X-Forwarded-For and runs one thread, so that the ratio to haproxy alone
@@ -69,7 +76,7 @@ func startHAProxyAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
 	return in, nil
 }
 
-// renderHAProxyAuth is the shipped haproxy.cfg (conf) loading lua, serving
+// renderHAProxyAuth is the shipped haproxy-lua.cfg (conf) loading lua, serving
 // addr and asking authlimit at authAddr, changed as startHAProxyAuthlimit
 // says.
 func renderHAProxyAuth(conf, lua, addr, authAddr string) (string, error) {
@@ -98,3 +105,114 @@ func startHAProxy(ctx context.Context, e *runEnv, cfg, addr string, with *proc) 
 	}
 	return proxyInstance(ctx, "haproxy", addr, p, with)
 }
+
+// startHAProxySPOEAuthlimit renders haproxy/haproxy.cfg and the
+// spoe-authlimit.conf beside it as e2e/proxies_test.go does, asking
+// authlimit's SPOE agent (AUTHLIMIT_SPOA_LISTEN), changed as
+// startHAProxyAuthlimit changes the Lua set-up: one thread, the client
+// address from the load's X-Forwarded-For, allowed requests answered by
+// the frontend itself.
+func startHAProxySPOEAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
+	agent, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false, ""), "AUTHLIMIT_SPOA_LISTEN="+agent)
+	if err != nil {
+		return nil, err
+	}
+	in, err := startHAProxySPOE(ctx, e, agent, al)
+	if err != nil {
+		al.stop()
+		return nil, fmt.Errorf("haproxy-spoe-authlimit-redis: %w", err)
+	}
+	in.metrics = []string{"http://" + alAddr + "/metrics"}
+	return in, nil
+}
+
+// startHAProxySPOENull is haproxy-spoe-authlimit-redis with `bench
+// serve-spoa-null` in authlimit's place: an agent answering every NOTIFY
+// with an empty ACK, deciding nothing, so that HAProxy admits every
+// request: the SPOE hop alone, the ceiling of any agent behind it.
+func startHAProxySPOENull(ctx context.Context, e *runEnv) (*instance, error) {
+	agent, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p, err := startProc(e.dir, "spoa-null", e.o.selfBinary, []string{"serve-spoa-null", "-listen", agent}, nil)
+	if err != nil {
+		return nil, err
+	}
+	in, err := startHAProxySPOE(ctx, e, agent, p)
+	if err != nil {
+		p.stop()
+		return nil, fmt.Errorf("haproxy-spoe-null: %w", err)
+	}
+	return in, nil
+}
+
+// startHAProxySPOE renders the shipped SPOE set-up for the agent at
+// agent and starts HAProxy; with is the agent's process.
+func startHAProxySPOE(ctx context.Context, e *runEnv, agent string, with *proc) (*instance, error) {
+	addr, err1 := freeAddr()
+	conf, err2 := os.ReadFile(e.o.haproxySPOE)
+	spoe, err3 := os.ReadFile(filepath.Join(filepath.Dir(e.o.haproxySPOE), "spoe-authlimit.conf"))
+	if err := firstError(err1, err2, err3); err != nil {
+		return nil, err
+	}
+	spoePath := filepath.Join(e.dir, "spoe-authlimit.conf")
+	if err := os.WriteFile(spoePath, spoe, 0o644); err != nil {
+		return nil, err
+	}
+	cfg, err := renderHAProxySPOE(string(conf), spoePath, addr, agent)
+	if err != nil {
+		return nil, fmt.Errorf("render %s: %w", e.o.haproxySPOE, err)
+	}
+	return startHAProxy(ctx, e, cfg, addr, with)
+}
+
+// renderHAProxySPOE is the shipped haproxy.cfg (conf) naming spoe, serving
+// addr and asking the agent at agent, changed as startHAProxySPOEAuthlimit
+// says.
+func renderHAProxySPOE(conf, spoe, addr, agent string) (string, error) {
+	return render(conf,
+		"global\n", "global\n    nbthread 1\n",
+		"config /etc/haproxy/spoe-authlimit.conf", "config "+spoe,
+		"bind 127.0.0.1:8000", "bind "+addr+"\n    http-request set-src hdr(x-forwarded-for) if { src 127.0.0.1 }",
+		"server authlimit 127.0.0.1:12345", "server authlimit "+agent,
+		"    default_backend app\n", "    http-request return status 200 content-type text/plain string \"ok\"\n")
+}
+
+// serveSPOANull answers every NOTIFY frame with an empty ACK, on the
+// protocol server authlimit's agent runs on (front/spoa): HAProxy sets no
+// variable and admits the request.
+func serveSPOANull(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve-spoa-null", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:0", "address to serve on")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	s, err := spoa.NewServer(spoa.Options{Handler: nullAgent{}, Trusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *listen, err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(l) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.Close()
+	return nil
+}
+
+// nullAgent decides nothing.
+type nullAgent struct{}
+
+func (nullAgent) Notify(_ []byte, r spoa.Reply) { r.Send(nil) }

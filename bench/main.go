@@ -4,7 +4,8 @@
 // server making one Redis PING per request, authlimit on its embedded store
 // and on Redis, nginx alone, with limit_req, with Lua talking to Redis and
 // in front of authlimit, the null server or the naive limiter, and HAProxy
-// alone and in front of authlimit; over gRPC, a null gRPC server,
+// alone, in front of authlimit with its Lua action, and asking authlimit's
+// SPOE agent or one that decides nothing; over gRPC, a null gRPC server,
 // envoyproxy/ratelimit and authlimit answering ShouldRateLimit, and
 // authlimit answering Check) as separate processes on loopback ports,
 // drives each with its own closed-loop HTTP/1.1 or gRPC load generator
@@ -20,6 +21,8 @@
 //	                               one PING round trip per request, answer 200
 //	bench serve-grpc-null -listen ADDR
 //	                               answer ShouldRateLimit OK and Check OK
+//	bench serve-spoa-null -listen ADDR
+//	                               answer every SPOE NOTIFY with an empty ACK
 package main
 
 import (
@@ -55,6 +58,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return serveRedisFloor(ctx, args[1:], stderr)
 		case "serve-grpc-null":
 			return serveGRPCNull(ctx, args[1:], stderr)
+		case "serve-spoa-null":
+			return serveSPOANull(ctx, args[1:], stderr)
 		}
 	}
 	opts, err := parseOptions(args, stderr)

@@ -18,29 +18,30 @@ import (
 
 // options is the whole configuration of one benchmark run.
 type options struct {
-	authlimit  string        // path of the authlimit binary under test
-	rounds     int           // rounds; each runs every system once per workload
-	duration   time.Duration // measured window of one run
-	warmup     time.Duration // unmeasured load before the window
-	conns      []int         // connection counts, each a workload variant
-	workloads  []string      // "ips", "hot"
-	systems    []string      // names from systemNames, in the order given
-	ips        int           // distinct client IPs of the ips workload
-	nginx      string        // nginx binary
-	redis      string        // redis-server binary
-	nginxConf  string        // the shipped auth_request config
-	haproxy    string        // haproxy binary
-	haproxyCfg string        // the shipped haproxy.cfg, beside authlimit.lua
-	restyConf  string        // the shipped OpenResty config
-	restyLua   string        // the shipped OpenResty Lua module
-	out        string        // the results file
-	memory     bool          // measure Redis memory per key
-	micro      bool          // run the Go micro-benchmarks
-	benchtime  string        // go test -benchtime, empty for its default
-	goBin      string        // go command for the micro-benchmarks
-	ratelimit  string        // envoyproxy/ratelimit binary; empty: the cached build
-	selfBinary string        // this program, for the serve-* subcommands
-	args       []string      // the command line, for the results
+	authlimit   string        // path of the authlimit binary under test
+	rounds      int           // rounds; each runs every system once per workload
+	duration    time.Duration // measured window of one run
+	warmup      time.Duration // unmeasured load before the window
+	conns       []int         // connection counts, each a workload variant
+	workloads   []string      // "ips", "hot"
+	systems     []string      // names from systemNames, in the order given
+	ips         int           // distinct client IPs of the ips workload
+	nginx       string        // nginx binary
+	redis       string        // redis-server binary
+	nginxConf   string        // the shipped auth_request config
+	haproxy     string        // haproxy binary
+	haproxyCfg  string        // the shipped haproxy-lua.cfg, beside authlimit.lua
+	haproxySPOE string        // the shipped haproxy.cfg, beside spoe-authlimit.conf
+	restyConf   string        // the shipped OpenResty config
+	restyLua    string        // the shipped OpenResty Lua module
+	out         string        // the results file
+	memory      bool          // measure Redis memory per key
+	micro       bool          // run the Go micro-benchmarks
+	benchtime   string        // go test -benchtime, empty for its default
+	goBin       string        // go command for the micro-benchmarks
+	ratelimit   string        // envoyproxy/ratelimit binary; empty: the cached build
+	selfBinary  string        // this program, for the serve-* subcommands
+	args        []string      // the command line, for the results
 }
 
 // parseOptions reads the flags and reports every mistake at once.
@@ -60,7 +61,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.redis, "redis-server", "redis-server", "redis-server binary")
 	fs.StringVar(&o.nginxConf, "nginx-conf", "nginx/example.conf", "the shipped nginx auth_request config, for nginx-authlimit-redis and nginx-auth-null")
 	fs.StringVar(&o.haproxy, "haproxy", "haproxy", "haproxy binary, built with Lua (haproxy systems are skipped if it is missing)")
-	fs.StringVar(&o.haproxyCfg, "haproxy-conf", "haproxy/haproxy.cfg", "the shipped haproxy.cfg, with authlimit.lua beside it, for haproxy-authlimit-redis")
+	fs.StringVar(&o.haproxyCfg, "haproxy-conf", "haproxy/haproxy-lua.cfg", "the shipped haproxy-lua.cfg, with authlimit.lua beside it, for haproxy-authlimit-redis")
+	fs.StringVar(&o.haproxySPOE, "haproxy-spoe-conf", "haproxy/haproxy.cfg", "the shipped haproxy.cfg, with spoe-authlimit.conf beside it, for haproxy-spoe-authlimit-redis and haproxy-spoe-null")
 	fs.StringVar(&o.restyConf, "openresty-conf", "nginx/openresty.conf", "the shipped OpenResty config, for openresty-authlimit-redis")
 	fs.StringVar(&o.restyLua, "openresty-lua", "nginx/authlimit.lua", "the shipped OpenResty Lua module, for openresty-authlimit-redis")
 	fs.StringVar(&o.out, "out", "bench/RESULTS.md", "results file, written at the end of a complete run")
@@ -123,7 +125,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	// Processes start in their run's directory: paths must not be
 	// relative to this one.
-	for _, path := range []*string{&o.authlimit, &o.nginx, &o.redis, &o.nginxConf, &o.restyConf, &o.restyLua, &o.haproxy, &o.haproxyCfg, &o.goBin, &o.ratelimit} {
+	for _, path := range []*string{&o.authlimit, &o.nginx, &o.redis, &o.nginxConf, &o.restyConf, &o.restyLua, &o.haproxy, &o.haproxyCfg, &o.haproxySPOE, &o.goBin, &o.ratelimit} {
 		if strings.Contains(*path, "/") {
 			abs, err := filepath.Abs(*path)
 			if err != nil {

@@ -226,7 +226,7 @@ func (r *report) renderReading(p func(string, ...any)) {
 	p("- **errors**: transport errors and statuses other than 200 and the denial, summed over all rounds. **200s, denials**: per run (median).\n")
 	p("- **⚠**: the system had errors, or authlimit's `/metrics` counted store errors (`authlimit_store_errors_total`) or fail-mode decisions (`authlimit_fail_mode_decisions_total`) during a run, warm-up included: then some decisions were made without Redis, and its figures do not measure Redis decisions alone. Both counters must be 0 with a healthy Redis.\n")
 	p("- **proxy CPU µs/decision**: user + system CPU of the system's proxy processes (nginx's master and worker, or HAProxy) from `/proc/<pid>/stat` over the window, per decision; — for a system without a proxy. `/proc` counts 10ms ticks.\n")
-	p("- **server CPU µs/decision**: the same for the server that decides apart from the proxy, in a process of its own: authlimit, envoyproxy/ratelimit, or a reference server of the harness (null, naive, redis-floor, gRPC null), which runs as `bench serve-*`, never inside the harness process that drives the load. The rule: nginx and HAProxy count as proxy, every other process as server. A system that decides inside the proxy (nginx, nginx-limit_req, nginx-lua-redis, haproxy) has no server, so — there; a system behind a proxy (nginx-*-null, nginx-*-redis, openresty-*, haproxy-authlimit-redis) has both, and their sum is the system's CPU.\n")
+	p("- **server CPU µs/decision**: the same for the server that decides apart from the proxy, in a process of its own: authlimit, envoyproxy/ratelimit, or a reference server of the harness (null, naive, redis-floor, gRPC null, SPOA null), which runs as `bench serve-*`, never inside the harness process that drives the load. The rule: nginx and HAProxy count as proxy, every other process as server. A system that decides inside the proxy (nginx, nginx-limit_req, nginx-lua-redis, haproxy) has no server, so — there; a system behind a proxy (nginx-*-null, nginx-*-redis, openresty-*, haproxy-authlimit-redis, haproxy-spoe-*) has both, and their sum is the system's CPU.\n")
 	p("- **Redis CPU µs/decision (/proc)**: the same for redis-server (summed over a cluster's nodes; so is commandstats).\n")
 	p("- **Redis µs/decision (commandstats)**: the growth of `usec` in `INFO commandstats`, per decision. Redis also counts the commands a script calls, inside the script's own time, so when scripts ran only the script commands (EVAL*, FCALL*) are summed.\n\n")
 }
@@ -352,6 +352,11 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		{label: "proxy CPU µs/decision: openresty-auth-null / nginx-lua-redis", num: "openresty-auth-null", den: "nginx-lua-redis", of: proxyCPUOf},
 		{label: "proxy CPU µs/decision: nginx-authlimit-redis / nginx-auth-null", num: "nginx-authlimit-redis", den: "nginx-auth-null", of: proxyCPUOf},
 		{label: "haproxy-authlimit-redis / haproxy", num: "haproxy-authlimit-redis", den: "haproxy"},
+		{label: "haproxy-spoe-null / haproxy (the SPOE hop's ceiling)", num: "haproxy-spoe-null", den: "haproxy", applies: func(w workload) bool { return w.name == "ips" }},
+		{label: "haproxy-spoe-authlimit-redis / haproxy-authlimit-redis (SPOE against the Lua action)", num: "haproxy-spoe-authlimit-redis", den: "haproxy-authlimit-redis"},
+		{label: "haproxy-spoe-authlimit-redis / nginx-authlimit-redis", num: "haproxy-spoe-authlimit-redis", den: "nginx-authlimit-redis"},
+		{label: "proxy CPU µs/decision: haproxy-spoe-authlimit-redis / haproxy-authlimit-redis", num: "haproxy-spoe-authlimit-redis", den: "haproxy-authlimit-redis", of: proxyCPUOf},
+		{label: "proxy CPU µs/decision: haproxy-spoe-authlimit-redis / haproxy-spoe-null", num: "haproxy-spoe-authlimit-redis", den: "haproxy-spoe-null", of: proxyCPUOf},
 		{label: "authlimit-redis-1 p99 / null p99 (50 connections)", num: "authlimit-redis-1", den: "null", of: p99Of, applies: func(w workload) bool { return w.conns == 50 }},
 		{label: "authlimit-redis-fw / naive", num: "authlimit-redis-fw", den: "naive"},
 		{label: "authlimit-redis-1 p50 / naive p50", num: "authlimit-redis-1", den: "naive", of: p50Of},

@@ -18,8 +18,9 @@ import (
 // '_' for '-'.
 
 // namesProxies are the proxies these tests run behind: nginx drops header
-// names with '_', Caddy and Traefik forward them.
-var namesProxies = []string{"nginx", "caddy", "traefik"}
+// names with '_', Caddy and Traefik forward them, and HAProxy's SPOE sends
+// them.
+var namesProxies = []string{"nginx", "caddy", "traefik", "haproxy-spoe"}
 
 // rawDoMethod is rawDo for a request whose answer is read as an answer to
 // method (a HEAD's has no body).

@@ -26,9 +26,10 @@ import (
 // bypassProxies are the proxies whose shipped files these tests run:
 // nginx/example.conf (auth_request, which replaces authlimit's denial body
 // with its own), nginx/openresty.conf (Lua, which relays it) and
-// haproxy/haproxy.cfg (Lua, which relays it and passes every copy of a
-// header).
-var bypassProxies = []string{"nginx", "openresty", "haproxy"}
+// haproxy/haproxy-lua.cfg (Lua, which relays it and passes every copy of a
+// header) and haproxy/haproxy.cfg (SPOE, which sends every header line and
+// relays the denial).
+var bypassProxies = []string{"nginx", "openresty", "haproxy", "haproxy-spoe"}
 
 func proxyNamed(t *testing.T, name string) proxy {
 	t.Helper()
@@ -48,8 +49,9 @@ func proxyNamed(t *testing.T, name string) proxy {
 // length for byte-counting rules: nginx's and OpenResty's as
 // X-Original-Content-Length from $content_length, Caddy's from the
 // request's Content-Length (header_up), HAProxy's from its Content-Length
-// (authlimit.lua). Traefik's forwardAuth cannot set it.
-var byteCountingProxies = []string{"nginx", "openresty", "caddy", "haproxy"}
+// (authlimit.lua, and the headers SPOE sends). Traefik's forwardAuth cannot
+// set it.
+var byteCountingProxies = []string{"nginx", "openresty", "caddy", "haproxy", "haproxy-spoe"}
 
 // forBypassProxies runs f behind each of bypassProxies, in parallel.
 func forBypassProxies(t *testing.T, f func(t *testing.T, px proxy)) {

@@ -46,12 +46,15 @@ func newStack(t *testing.T, px proxy, rules, variant string, replicas ...map[str
 		if px.denyStatus != "" {
 			env["AUTHLIMIT_DENY_STATUS"] = px.denyStatus
 		}
+		if px.spoe {
+			env["AUTHLIMIT_SPOA_LISTEN"] = freeAddr(t)
+		}
 		for k, v := range extra {
 			env[k] = v
 		}
 		a := startAuthlimit(t, fmt.Sprintf("authlimit-%d", i), env)
 		s.authlimit = append(s.authlimit, a)
-		s.proxy = append(s.proxy, px.start(t, a.addr, s.backend.addr, variant))
+		s.proxy = append(s.proxy, px.start(t, a.target(px), s.backend.addr, variant))
 	}
 	return s
 }
@@ -270,7 +273,7 @@ func unmatched(t *testing.T, px proxy) {
 // fail-open variant.
 func authlimitDown(t *testing.T, px proxy) {
 	variants := []string{""}
-	if px.name == "nginx" || px.name == "openresty" || px.name == "haproxy" {
+	if px.name == "nginx" || px.name == "openresty" || px.name == "haproxy" || px.name == "haproxy-spoe" {
 		variants = append(variants, "failopen")
 	}
 	for _, v := range variants {

@@ -47,26 +47,9 @@ type h2specReport struct {
 // TestH2spec runs h2spec against the gRPC port: no case fails but those
 // of h2specOpen.
 func TestH2spec(t *testing.T) {
-	bin, err := h2spec()
-	if err != nil {
-		t.Fatal(err)
-	}
 	grpc := freeAddr(t)
 	startAuthlimit(t, "authlimit", map[string]string{"AUTHLIMIT_GRPC_LISTEN": grpc})
-	host, port, _ := strings.Cut(grpc, ":")
-	report := filepath.Join(t.TempDir(), "h2spec.xml")
-	out, err := exec.Command(bin, "-h", host, "-p", port, "-j", report).CombinedOutput()
-	if _, ok := err.(*exec.ExitError); err != nil && !ok {
-		t.Fatalf("h2spec: %v\n%s", err, out)
-	}
-	b, err := os.ReadFile(report)
-	if err != nil {
-		t.Fatalf("h2spec wrote no report: %v\n%s", err, out)
-	}
-	var r h2specReport
-	if err := xml.Unmarshal(b, &r); err != nil {
-		t.Fatalf("h2spec's report: %v", err)
-	}
+	out, r := runH2spec(t, grpc)
 	var cases, skipped int
 	var failed []string
 	for _, s := range r.Suites {
@@ -97,6 +80,31 @@ func TestH2spec(t *testing.T) {
 	if t.Failed() {
 		t.Logf("h2spec's output:\n%s", out)
 	}
+}
+
+// runH2spec runs h2spec against addr with args (-t: over TLS), and
+// returns its output and report.
+func runH2spec(t *testing.T, addr string, args ...string) ([]byte, h2specReport) {
+	t.Helper()
+	bin, err := h2spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := strings.Cut(addr, ":")
+	report := filepath.Join(t.TempDir(), "h2spec.xml")
+	out, err := exec.Command(bin, append([]string{"-h", host, "-p", port, "-j", report}, args...)...).CombinedOutput()
+	if _, ok := err.(*exec.ExitError); err != nil && !ok {
+		t.Fatalf("h2spec: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatalf("h2spec wrote no report: %v\n%s", err, out)
+	}
+	var r h2specReport
+	if err := xml.Unmarshal(b, &r); err != nil {
+		t.Fatalf("h2spec's report: %v", err)
+	}
+	return out, r
 }
 
 // h2spec finds h2spec: AUTHLIMIT_E2E_H2SPEC, ~/go/bin/h2spec, or one

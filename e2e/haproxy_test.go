@@ -170,63 +170,71 @@ func TestHAProxyReusesConnections(t *testing.T) {
 	}
 }
 
-// TestHAProxyRequest: what authlimit.lua's request to authlimit carries,
-// seen through rules. HAProxy's httpclient adds "User-Agent: HAProxy" and
-// "Accept: */*" to a request without them; the action sends them empty,
-// so a client without User-Agent is one without it to authlimit, not a
-// client named HAProxy. A request without Host (HTTP/1.0) gets 400, as
-// host= rules could not apply to it. The client's X-Forwarded-Proto does
-// not reach authlimit either: a rule keyed on it sees HAProxy's own.
+// TestHAProxyRequest: what HAProxy tells authlimit, seen through rules,
+// with the Lua action and with SPOE alike. HAProxy's httpclient adds
+// "User-Agent: HAProxy" and "Accept: */*" to a request without them;
+// authlimit.lua sends them empty, and SPOE sends the client's headers as
+// they are, so a client without User-Agent is one without it to
+// authlimit, not a client named HAProxy. A request without Host gets 400
+// before authlimit is asked, as host= rules could not apply to it. The
+// client's X-Forwarded-Proto, in either spelling, does not reach authlimit
+// either: a rule keyed on it sees HAProxy's own.
 func TestHAProxyRequest(t *testing.T) {
-	px := proxyNamed(t, "haproxy")
-	s := newStack(t, px, `
+	forProxies(t, []string{"haproxy", "haproxy-spoe"}, func(t *testing.T, px proxy) {
+		s := newStack(t, px, `
 name=ua key=header:User-Agent limit=1/1m on_missing=deny path=/ua
 name=accept key=header:Accept limit=1/1m on_missing=deny path=/accept
 name=proto key=header:X-Forwarded-Proto limit=1/1m path=/proto
 name=api key=ip limit=2/1m host=api.example.com`, "")
-	addr := s.proxy[0]
-	get := func(ip, line string, headers ...string) result {
-		return rawDo(t, ip, addr, rawRequest(line, "", headers...))
-	}
-
-	// No User-Agent, no Accept: refused as missing, from every client.
-	for i := 0; i < 2; i++ {
-		ip := fmt.Sprintf("127.0.4.%d", 10+i)
-		checkDenial(t, px, "GET /ua without User-Agent", get(ip, "GET /ua HTTP/1.1", "Host", "localhost"), "missing-key")
-		checkDenial(t, px, "GET /accept without Accept", get(ip, "GET /accept HTTP/1.1", "Host", "localhost"), "missing-key")
-	}
-	// With them: one each per value.
-	for _, tc := range []struct{ path, header string }{{"/ua", "User-Agent"}, {"/accept", "Accept"}} {
-		if r := get("127.0.4.12", "GET "+tc.path+" HTTP/1.1", "Host", "localhost", tc.header, "v1"); r.status != 200 {
-			t.Errorf("GET %s with %s v1: %d %q, want 200", tc.path, tc.header, r.status, firstLine(r.body))
+		addr := s.proxy[0]
+		get := func(ip, line string, headers ...string) result {
+			return rawDo(t, ip, addr, rawRequest(line, "", headers...))
 		}
-		checkDenial(t, px, "GET "+tc.path+" with "+tc.header+" v1 again", get("127.0.4.13", "GET "+tc.path+" HTTP/1.1", "Host", "localhost", tc.header, "v1"), "rate-limited")
-	}
-	if got := s.backend.count("/ua") + s.backend.count("/accept"); got != 2 {
-		t.Errorf("%d requests reached /ua and /accept, want 2", got)
-	}
 
-	// X-Forwarded-Proto is HAProxy's: one quota, whatever the client says.
-	if r := get("127.0.4.14", "GET /proto HTTP/1.1", "Host", "localhost", "X-Forwarded-Proto", "a"); r.status != 200 {
-		t.Errorf("GET /proto: %d, want 200", r.status)
-	}
-	checkDenial(t, px, "GET /proto with X-Forwarded-Proto b", get("127.0.4.14", "GET /proto HTTP/1.1", "Host", "localhost", "X-Forwarded-Proto", "b"), "rate-limited")
+		// No User-Agent, no Accept: refused as missing, from every client.
+		for i := 0; i < 2; i++ {
+			ip := fmt.Sprintf("127.0.4.%d", 10+i)
+			checkDenial(t, px, "GET /ua without User-Agent", get(ip, "GET /ua HTTP/1.1", "Host", "localhost"), "missing-key")
+			checkDenial(t, px, "GET /accept without Accept", get(ip, "GET /accept HTTP/1.1", "Host", "localhost"), "missing-key")
+		}
+		// With them: one each per value.
+		for _, tc := range []struct{ path, header string }{{"/ua", "User-Agent"}, {"/accept", "Accept"}} {
+			if r := get("127.0.4.12", "GET "+tc.path+" HTTP/1.1", "Host", "localhost", tc.header, "v1"); r.status != 200 {
+				t.Errorf("GET %s with %s v1: %d %q, want 200", tc.path, tc.header, r.status, firstLine(r.body))
+			}
+			checkDenial(t, px, "GET "+tc.path+" with "+tc.header+" v1 again", get("127.0.4.13", "GET "+tc.path+" HTTP/1.1", "Host", "localhost", tc.header, "v1"), "rate-limited")
+		}
+		if got := s.backend.count("/ua") + s.backend.count("/accept"); got != 2 {
+			t.Errorf("%d requests reached /ua and /accept, want 2", got)
+		}
 
-	// No Host: 400 before authlimit is asked.
-	for i := 0; i < 3; i++ {
-		r := rawDo(t, "127.0.4.15", addr, "GET /nohost HTTP/1.0\r\n\r\n")
-		if r.status != 400 {
-			t.Errorf("HTTP/1.0 GET without Host, request %d: %d %q, want 400", i+1, r.status, firstLine(r.body))
+		// X-Forwarded-Proto is HAProxy's: one quota, whatever the client says.
+		if r := get("127.0.4.14", "GET /proto HTTP/1.1", "Host", "localhost", "X-Forwarded-Proto", "a"); r.status != 200 {
+			t.Errorf("GET /proto: %d, want 200", r.status)
 		}
-	}
-	if got := s.backend.count("/nohost"); got != 0 {
-		t.Errorf("%d requests without Host reached the backend", got)
-	}
-	// The host rule follows Host, whatever X-Forwarded-Host says.
-	for i, want := range []int{200, 200, 429} {
-		r := get("127.0.4.16", "GET /h HTTP/1.1", "Host", "api.example.com", "X-Forwarded-Host", fmt.Sprintf("r%d.example", i))
-		if r.status != want {
-			t.Errorf("GET /h on api.example.com with X-Forwarded-Host r%d.example: %d, want %d", i, r.status, want)
+		checkDenial(t, px, "GET /proto with X-Forwarded-Proto b", get("127.0.4.14", "GET /proto HTTP/1.1", "Host", "localhost", "X-Forwarded-Proto", "b"), "rate-limited")
+		checkDenial(t, px, "GET /proto with X_Forwarded_Proto c", get("127.0.4.14", "GET /proto HTTP/1.1", "Host", "localhost", "X_Forwarded_Proto", "c"), "rate-limited")
+
+		// No Host: 400 before authlimit is asked.
+		before := scrape(t, s.authlimit[0].addr).sum("authlimit_requests_total")
+		for i := 0; i < 3; i++ {
+			r := rawDo(t, "127.0.4.15", addr, "GET /nohost HTTP/1.0\r\n\r\n")
+			if r.status != 400 {
+				t.Errorf("HTTP/1.0 GET without Host, request %d: %d %q, want 400", i+1, r.status, firstLine(r.body))
+			}
 		}
-	}
+		if got := s.backend.count("/nohost"); got != 0 {
+			t.Errorf("%d requests without Host reached the backend", got)
+		}
+		if got := scrape(t, s.authlimit[0].addr).sum("authlimit_requests_total") - before; got != 0 {
+			t.Errorf("authlimit was asked %v times about requests without Host, want 0", got)
+		}
+		// The host rule follows Host, whatever X-Forwarded-Host says.
+		for i, want := range []int{200, 200, 429} {
+			r := get("127.0.4.16", "GET /h HTTP/1.1", "Host", "api.example.com", "X-Forwarded-Host", fmt.Sprintf("r%d.example", i))
+			if r.status != want {
+				t.Errorf("GET /h on api.example.com with X-Forwarded-Host r%d.example: %d, want %d", i, r.status, want)
+			}
+		}
+	})
 }

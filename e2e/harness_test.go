@@ -146,8 +146,12 @@ func findBinaries() error {
 	if bins.caddy, err = exec.LookPath("caddy"); err != nil {
 		bins.missing["caddy"] = errors.New("caddy is not installed (Debian: apt-get install caddy)")
 	}
-	if bins.haproxy, err = haproxyWithLua(); err != nil {
-		bins.missing["haproxy"] = err
+	bins.haproxy, err = findHAProxy()
+	switch {
+	case err != nil:
+		bins.missing["haproxy"], bins.missing["haproxy-spoe"] = err, err
+	case !withLua(bins.haproxy):
+		bins.missing["haproxy"] = fmt.Errorf("%s was built without Lua (USE_LUA=1), which haproxy/authlimit.lua needs (Debian's haproxy has it)", bins.haproxy)
 	}
 	if bins.traefik, err = traefik(); err != nil {
 		bins.missing["traefik"] = err
@@ -155,9 +159,12 @@ func findBinaries() error {
 	return nil
 }
 
-// haproxyWithLua finds haproxy and checks that it was built with Lua, which
-// haproxy/authlimit.lua needs (Debian's is).
-func haproxyWithLua() (string, error) {
+// findHAProxy finds haproxy: $AUTHLIMIT_E2E_HAPROXY (to run the suite
+// against another version), or Debian's.
+func findHAProxy() (string, error) {
+	if p := os.Getenv("AUTHLIMIT_E2E_HAPROXY"); p != "" {
+		return p, nil
+	}
 	bin, err := exec.LookPath("haproxy")
 	if err != nil {
 		bin = "/usr/sbin/haproxy"
@@ -165,14 +172,14 @@ func haproxyWithLua() (string, error) {
 			return "", errors.New("haproxy is not installed (Debian: apt-get install haproxy)")
 		}
 	}
-	out, err := exec.Command(bin, "-vv").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("%s -vv: %v\n%s", bin, err, out)
-	}
-	if !strings.Contains(string(out), "USE_LUA=1") {
-		return "", fmt.Errorf("%s was built without Lua (USE_LUA=1), which haproxy/authlimit.lua needs (Debian's haproxy has it)", bin)
-	}
 	return bin, nil
+}
+
+// withLua reports whether haproxy was built with Lua, which
+// haproxy/authlimit.lua needs (Debian's is); SPOE needs none.
+func withLua(bin string) bool {
+	out, err := exec.Command(bin, "-vv").CombinedOutput()
+	return err == nil && strings.Contains(string(out), "USE_LUA=1")
 }
 
 // traefik returns a Traefik binary: $AUTHLIMIT_E2E_TRAEFIK, or the one
@@ -341,6 +348,17 @@ func waitFor(t *testing.T, p *proc, what string, ready func() bool) {
 type authlimit struct {
 	*proc
 	addr string
+	// spoa is the SPOE agent's address (AUTHLIMIT_SPOA_LISTEN); empty
+	// without one.
+	spoa string
+}
+
+// target is where px asks a: the SPOE agent or /auth.
+func (a *authlimit) target(px proxy) string {
+	if px.spoe {
+		return a.spoa
+	}
+	return a.addr
 }
 
 func startAuthlimit(t *testing.T, name string, env map[string]string) *authlimit {
@@ -365,7 +383,7 @@ func startAuthlimitOwned(t, owner *testing.T, name string, env map[string]string
 		r.Body.Close()
 		return r.StatusCode == 200
 	})
-	return &authlimit{proc: p, addr: addr}
+	return &authlimit{proc: p, addr: addr, spoa: env["AUTHLIMIT_SPOA_LISTEN"]}
 }
 
 // backend counts what reaches it, per path, and remembers body digests.

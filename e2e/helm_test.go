@@ -23,6 +23,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/authlimit/authlimit/internal/tlstest"
 )
 
 // helmVersion is the Helm the suite builds when none is given.
@@ -348,6 +350,7 @@ func TestHelmTemplate(t *testing.T) {
 		"ci/rls-values.yaml":            {divisor: "2", pdb: true, redis: true, rulesMap: "rl-authlimit-rules", rlsMap: "ratelimit-config", extraPorts: []string{"grpc"}},
 		"examples/envoy-values.yaml":    {divisor: "2", pdb: true, redis: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"grpc"}},
 		"ci/grpc-peers-values.yaml":     {divisor: "2", pdb: true, networkPolicy: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"grpc"}},
+		"ci/grpc-tls-values.yaml":       {divisor: "2", pdb: true, rulesMap: "rl-authlimit-rules", extraPorts: []string{"grpc"}},
 	}
 	files := chartValuesFiles(t)
 	for _, f := range files {
@@ -608,9 +611,41 @@ func checkChartEnv(t *testing.T, r *chartObjects, w chartWant) {
 		}
 		env["AUTHLIMIT_RLS_CONFIG"] = rlsDir
 	}
+	checkChartTLSFiles(t, c, env)
 	out := checkChartEnvWithBinary(t, env)
 	if !strings.Contains(out, "from "+env["AUTHLIMIT_RULES_FILE"]) {
 		t.Errorf("-check does not say the rules come from the file:\n%s", out)
+	}
+}
+
+// checkChartTLSFiles checks that the gRPC port's TLS files are the
+// mounted Secret's, and points them at certificates of a test CA, as the
+// Secret would hold them.
+func checkChartTLSFiles(t *testing.T, c corev1.Container, env map[string]string) {
+	t.Helper()
+	vars := map[string]string{"AUTHLIMIT_GRPC_TLS_CERT": "tls.crt", "AUTHLIMIT_GRPC_TLS_KEY": "tls.key", "AUTHLIMIT_GRPC_TLS_CLIENT_CA": "ca.crt"}
+	var mountPath string
+	for _, m := range c.VolumeMounts {
+		if m.Name == "grpc-tls" {
+			mountPath = m.MountPath
+		}
+	}
+	ca := tlstest.NewCA(t, "chart CA")
+	srv := ca.Server(t, 5)
+	dir := t.TempDir()
+	files := map[string][]byte{"tls.crt": srv.CertPEM, "tls.key": srv.KeyPEM, "ca.crt": ca.PEM}
+	for v, name := range vars {
+		p, ok := env[v]
+		if !ok {
+			continue
+		}
+		if mountPath == "" || p != mountPath+"/"+name {
+			t.Errorf("%s = %q, want %s in the mounted Secret (%q)", v, p, name, mountPath)
+		}
+		env[v] = filepath.Join(dir, name)
+		if err := os.WriteFile(env[v], files[name], 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -705,6 +740,39 @@ func TestHelmGRPC(t *testing.T) {
 	}
 	if listen != ":8081" || !reflect.DeepEqual(containerPorts, []string{"http:8080", "grpc:8081"}) {
 		t.Errorf("AUTHLIMIT_GRPC_LISTEN = %q, container ports %v; want :8081 on port grpc 8081", listen, containerPorts)
+	}
+	if c := r.deployment.Spec.Template.Spec.Containers[0]; len(c.VolumeMounts) != 1 {
+		t.Errorf("without grpc.tls the pod mounts %v, want the rules alone", c.VolumeMounts)
+	}
+	// With TLS: the Secret mounted as a directory (so that its renewal
+	// reaches the pod), its files named, and no h2c on the Service.
+	tr := helmTemplate(t, "--set", "grpc.enabled=true", "--set", "grpc.tls.existingSecret=grpc-certs", "--set", "grpc.tls.clientCA=true")
+	if p := tr.service.Spec.Ports[1]; p.AppProtocol != nil {
+		t.Errorf("with TLS the grpc port's appProtocol is %q, want none (kubernetes.io/h2c says cleartext)", *p.AppProtocol)
+	}
+	tc := tr.deployment.Spec.Template.Spec.Containers[0]
+	var mounted, secret string
+	for _, m := range tc.VolumeMounts {
+		if m.Name == "grpc-tls" && m.SubPath == "" && m.ReadOnly {
+			mounted = m.MountPath
+		}
+	}
+	for _, v := range tr.deployment.Spec.Template.Spec.Volumes {
+		if v.Name == "grpc-tls" && v.Secret != nil {
+			secret = v.Secret.SecretName
+		}
+	}
+	if mounted == "" || secret != "grpc-certs" {
+		t.Errorf("with grpc.tls the Secret %q is mounted at %q, want grpc-certs mounted whole, read-only", secret, mounted)
+	}
+	tlsEnv := map[string]string{}
+	for _, e := range tc.Env {
+		tlsEnv[e.Name] = e.Value
+	}
+	for v, name := range map[string]string{"AUTHLIMIT_GRPC_TLS_CERT": "tls.crt", "AUTHLIMIT_GRPC_TLS_KEY": "tls.key", "AUTHLIMIT_GRPC_TLS_CLIENT_CA": "ca.crt"} {
+		if got := tlsEnv[v]; got != mounted+"/"+name {
+			t.Errorf("%s = %q, want %s/%s", v, got, mounted, name)
+		}
 	}
 	// The gRPC front's variable is checked by authlimit itself once it
 	// knows it (the configuration reference lists it).
@@ -828,6 +896,9 @@ func TestHelmSchemaRejects(t *testing.T) {
 		{"a container without a name", "extraContainers:\n  - image: nginx\n", "at '/extraContainers/0': missing property 'name'"},
 		{"rls misspelt", "rls:\n  existingConfigmap: ratelimit\n", "at '/rls': additional properties 'existingConfigmap'"},
 		{"rls ConfigMap name", "rls:\n  existingConfigMap: Ratelimit_Config\n", "at '/rls/existingConfigMap'"},
+		{"grpc client CA without a Secret", "grpc:\n  enabled: true\n  tls:\n    clientCA: true\n", "at '/grpc/tls/existingSecret'"},
+		{"grpc tls Secret name", "grpc:\n  tls:\n    existingSecret: My_Certs\n", "at '/grpc/tls/existingSecret'"},
+		{"a TLS variable the chart sets", "env:\n  AUTHLIMIT_GRPC_TLS_CERT: /x.crt\n", "at '/env': additional properties 'AUTHLIMIT_GRPC_TLS_CERT'"},
 		{"image repository empty", "image:\n  repository: \"\"\n", "at '/image/repository'"},
 	}
 	dir := t.TempDir()

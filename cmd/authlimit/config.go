@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,10 +82,14 @@ type config struct {
 	PprofListen           string        `env:"PPROF_LISTEN"`
 	GRPCListen            string        `env:"GRPC_LISTEN"`
 	GRPCTrustedPeers      []string      `env:"GRPC_TRUSTED_PEERS"`
+	GRPCTLSCert           string        `env:"GRPC_TLS_CERT"`
+	GRPCTLSKey            string        `env:"GRPC_TLS_KEY"`
+	GRPCTLSClientCA       string        `env:"GRPC_TLS_CLIENT_CA"`
 	RLSConfig             string        `env:"RLS_CONFIG"`
 	RLSResponseMetadata   bool          `env:"RLS_RESPONSE_METADATA" envDefault:"false"`
 	AdminListen           string        `env:"ADMIN_LISTEN"`
 	AdminToken            string        `env:"ADMIN_TOKEN"`
+	SPOAListen            string        `env:"SPOA_LISTEN"`
 	TopSize               int           `env:"TOP_SIZE"` // default in defaultConfig
 	TopWindow             time.Duration `env:"TOP_WINDOW"`
 	TopShareInterval      time.Duration `env:"TOP_SHARE_INTERVAL"`
@@ -114,6 +119,7 @@ type settings struct {
 	failMode      guard.FailMode
 	trusted       []netip.Prefix
 	grpcPeers     []netip.Prefix // the peers the gRPC listener serves
+	grpcTLS       *tls.Config    // the gRPC listener's TLS files, loaded; nil: h2c
 	allow, block  []netip.Prefix
 	logLevel      slog.Level
 	redisOptions  *goredis.UniversalOptions // nil: the embedded memory store
@@ -178,12 +184,14 @@ func loadConfig(environ map[string]string) (*settings, error) {
 		listenSettings,
 		storeSettings,
 		grpcSettings,
+		grpcTLSSettings,
 		adminSettings,
 		memorySettings,
 		topSettings,
 		ruleSettings,
 		clientSettings,
 		grpcPeerSettings,
+		spoaSettings,
 		decisionSettings,
 		limitSettings,
 		logSettings,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -108,7 +109,15 @@ func (a *app) newFronts(s *settings) error {
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_GRPC_LISTEN %s: %w", s.GRPCListen, err)
 	}
-	f := &grpcFront{server: newGRPCServer(s, a.connCap, a.budget, a.conns.grpcAccepted, newRefusedPeers(a.reg, a.log), a.log), health: grpcwire.NewHealth(), listener: l,
+	var tlsCfg *tls.Config
+	if s.grpcTLS != nil {
+		g := newGRPCTLS(tlsFiles{s.GRPCTLSCert, s.GRPCTLSKey, s.GRPCTLSClientCA}, s.grpcTLS, a.reg, a.log)
+		stop := make(chan struct{})
+		go g.poll(stop, tlsPollInterval)
+		a.closers = append(a.closers, func() error { close(stop); return nil })
+		tlsCfg = g.config()
+	}
+	f := &grpcFront{server: newGRPCServer(s, tlsCfg, a.connCap, a.budget, a.conns.grpcAccepted, newRefusedPeers(a.reg, a.log), a.log), health: grpcwire.NewHealth(), listener: l,
 		stopWatch: make(chan struct{}), watched: make(chan struct{})}
 	if err := a.registerServices(f.server, f.health, s); err != nil {
 		_ = l.Close()
@@ -121,14 +130,16 @@ func (a *app) newFronts(s *settings) error {
 	return nil
 }
 
-// newGRPCServer is authlimit's gRPC server: h2c, the peers it serves,
+// newGRPCServer is authlimit's gRPC server: h2c, or TLS with tlsCfg if
+// set (AUTHLIMIT_GRPC_TLS_*, see grpcTLS), the peers it serves,
 // the connection cap and the memory budget it shares with the decision
 // listener, the count of its connections, and its timeouts (a Check held
 // by a shaping rule is answered within the write timeout; a request
 // arrives whole within the read timeout, as an HTTP request's headers
 // must).
-func newGRPCServer(s *settings, conns *conncap.Cap, budget *membudget.Budget, accepted prometheus.Counter, refused *refusedPeers, log *slog.Logger) *grpcwire.Server {
+func newGRPCServer(s *settings, tlsCfg *tls.Config, conns *conncap.Cap, budget *membudget.Budget, accepted prometheus.Counter, refused *refusedPeers, log *slog.Logger) *grpcwire.Server {
 	return grpcwire.NewServer(grpcwire.Options{
+		TLS:            tlsCfg,
 		Peers:          s.grpcPeers,
 		Refused:        refused.refused,
 		Conns:          conns,

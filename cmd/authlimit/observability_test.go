@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net"
 	"os"
 	"regexp"
 	"sort"
@@ -11,6 +13,7 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"gopkg.in/yaml.v3"
 
+	"github.com/authlimit/authlimit/front/spoa/spoatest"
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
@@ -21,7 +24,7 @@ const (
 )
 
 // exportEveryFront returns /metrics of an authlimit on Redis whose every
-// front (/auth, the rate limit service over gRPC) has decided and
+// front (/auth, the rate limit service over gRPC, the SPOE agent) has decided and
 // denied: a family only appears once one of its series has a value.
 func exportEveryFront(t *testing.T) string {
 	t.Helper()
@@ -33,6 +36,7 @@ func exportEveryFront(t *testing.T) string {
 		"AUTHLIMIT_GRPC_LISTEN":   "127.0.0.1:0",
 		"AUTHLIMIT_RLS_CONFIG":    writeFile(t, "rls.yaml", rlsConfig),
 		"AUTHLIMIT_REDIS_TIMEOUT": "1s",
+		"AUTHLIMIT_SPOA_LISTEN":   "127.0.0.1:0",
 	})
 	for range 3 {
 		app.do(t, authFrom("203.0.113.7"))
@@ -41,6 +45,21 @@ func exportEveryFront(t *testing.T) string {
 	rl := pb.NewRateLimitServiceClient(conn)
 	for range 2 {
 		shouldRateLimit(t, rl, "another", "key3", "metrics")
+	}
+	// The SPOE agent: a decision, then a frame that breaks the protocol.
+	spoaAddr := app.app.spoa.listener.Addr().String()
+	sc, err := spoatest.Dial(spoaAddr, 16380)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Ask(spoatest.Request{Method: "GET", Target: "/", Headers: []string{"Host", "h"}}); err != nil {
+		t.Fatal(err)
+	}
+	sc.Close()
+	if nc, err := net.Dial("tcp", spoaAddr); err == nil {
+		_, _ = nc.Write([]byte{0, 0, 0, 3, 1, 0, 0})
+		_, _ = io.Copy(io.Discard, nc)
+		nc.Close()
 	}
 	m := app.do(t, request{path: "/metrics"})
 	wantStatus(t, m, 200, "/metrics")

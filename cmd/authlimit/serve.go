@@ -106,6 +106,7 @@ func (a *app) serve(ctx context.Context, l *httpconn.Listener, timeout time.Dura
 	go func() { served <- a.server.Serve(l) }()
 	grpcServed := a.serveGRPC()
 	adminServed := a.serveAdmin()
+	spoaServed := a.serveSPOA()
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)
@@ -113,6 +114,8 @@ func (a *app) serve(ctx context.Context, l *httpconn.Listener, timeout time.Dura
 		return grpcServeError(err)
 	case err := <-adminServed:
 		return fmt.Errorf("serve the admin api: %w", err)
+	case err := <-spoaServed:
+		return err
 	case <-ctx.Done():
 	}
 	a.log.Info("shutting down", "timeout", timeout.String())
@@ -126,9 +129,11 @@ func (a *app) serve(ctx context.Context, l *httpconn.Listener, timeout time.Dura
 	// a byte would hold the shutdown until its read timeout.
 	l.CloseSilent()
 	grpcStopped := a.stopGRPC(sctx)
+	spoaStopped := a.stopSPOA(sctx)
 	a.stopAdmin(sctx)
 	err := a.server.ShutdownWithContext(sctx)
 	<-grpcStopped
+	<-spoaStopped
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}

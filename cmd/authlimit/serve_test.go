@@ -18,7 +18,9 @@ import (
 // waitFor polls cond until it holds, or fails the test after 5 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	// A deadline, not a measurement: a busy machine can take seconds to
+	// start a process.
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("never came: %s", what)

@@ -13,8 +13,26 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/decide"
 	"github.com/authlimit/authlimit/guard"
 	"github.com/authlimit/authlimit/store/redis"
+)
+
+// The capabilities the guard finds in the stores by type assertion, and
+// the engine in the guard, held at compile time: a method whose signature
+// changes fails the build here rather than silently sending decisions down
+// a plainer path.
+var (
+	_ guard.Store      = (*redis.Store)(nil)
+	_ guard.Sharded    = (*redis.Store)(nil)
+	_ guard.Prober     = (*redis.Store)(nil)
+	_ guard.Warmer     = (*redis.Store)(nil)
+	_ guard.AsyncStore = (*redis.Store)(nil)
+	_ guard.Store      = (*algo.Memory)(nil)
+	// and those the engine finds in the guard.
+	_ decide.AsyncDecider = (*guard.Guard)(nil)
+	_ decide.WholeDecider = (*guard.Guard)(nil)
+	_ decide.QuotaStore   = (*guard.Guard)(nil)
 )
 
 // newStores builds the store that decides: the embedded memory store, or

@@ -123,7 +123,10 @@ func TestCheckGracefulStopWaits(t *testing.T) {
 	if got := checkStatus(st.client, step{client: "198.51.100.22"}); got != 200 {
 		t.Fatalf("first Check = %d, want 200", got)
 	}
-	const delay = 500 * time.Millisecond
+	// Redis answers each call late enough that every call is out and
+	// waiting when GracefulStop comes, even on a loaded machine: a call
+	// not yet sent by then is refused, rightly, and would fail the test.
+	const delay = time.Second
 	proxy.SetDelay(delay)
 	const calls = 12
 	var wg sync.WaitGroup
@@ -136,7 +139,7 @@ func TestCheckGracefulStopWaits(t *testing.T) {
 			got[i] = checkStatus(c, step{client: "198.51.100.22"})
 		}()
 	}
-	time.Sleep(delay / 4) // the calls are out, waiting for Redis
+	time.Sleep(delay * 3 / 5) // the calls are out, waiting for Redis
 	// GracefulStop closes every connection once it returns: a call it
 	// had not waited for fails.
 	st.grpc.GracefulStop()

@@ -3,6 +3,7 @@ package grpcwire
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -363,6 +364,9 @@ func (c *conn) drain() {
 // readFrames reads the preface and then frames until an error.
 func (c *conn) readFrames() error {
 	opts := &c.srv.opts
+	if err := c.handshake(); err != nil {
+		return err
+	}
 	if err := c.nc.SetReadDeadline(time.Now().Add(opts.PrefaceTimeout)); err != nil {
 		return err
 	}
@@ -476,4 +480,41 @@ func (c *conn) closeLocked() bool {
 	}
 	c.sh.blocked = nil
 	return true
+}
+
+// alpnH2 is HTTP/2's ALPN protocol ID over TLS (RFC 9113, section 3.2).
+const alpnH2 = "h2"
+
+// handshakeCost is what a TLS handshake holds of Options.Budget while it
+// runs: crypto/tls's record buffers (a record is up to 16 KiB, read
+// whole) and the handshake's state.
+const handshakeCost = 32 << 10
+
+// errNoH2 ends a TLS connection whose client did not negotiate h2.
+var errNoH2 = errors.New("the TLS client did not negotiate h2 by ALPN")
+
+// handshake runs the TLS handshake of a TLS connection, within
+// PrefaceTimeout and holding handshakeCost of the budget, and requires
+// h2 by ALPN: crypto/tls refuses a client that offers only other
+// protocols (no_application_protocol), and one that offers none is
+// closed here. A cleartext connection has nothing to do.
+func (c *conn) handshake() error {
+	tc, ok := c.nc.(*tls.Conn)
+	if !ok {
+		return nil
+	}
+	if !c.hold.Take(handshakeCost) {
+		return errors.New("no room in the memory budget for a TLS handshake")
+	}
+	defer c.hold.Give(handshakeCost)
+	if err := tc.SetDeadline(time.Now().Add(c.srv.opts.PrefaceTimeout)); err != nil {
+		return err
+	}
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("tls handshake: %w", err)
+	}
+	if tc.ConnectionState().NegotiatedProtocol != alpnH2 {
+		return errNoH2
+	}
+	return tc.SetWriteDeadline(time.Time{})
 }

@@ -2,6 +2,7 @@ package grpcwire
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,8 +67,16 @@ type Options struct {
 	// client's quota.
 	Peers   []netip.Prefix
 	Refused func(net.Addr)
-	// PrefaceTimeout bounds a new connection's wait for the client's
-	// preface and first SETTINGS.
+	// TLS, if set, serves every connection over TLS with it (its
+	// NextProtos set to h2): the handshake runs on the connection's own
+	// goroutine, after the Peers check, within PrefaceTimeout and holding
+	// handshakeCost of Budget; a client that does not negotiate h2 by ALPN
+	// is closed once the handshake is done, as grpc-go's server does. A
+	// TLS connection's every write goes through crypto/tls (there is no raw
+	// write path, see write.go). Nil: h2c, cleartext.
+	TLS *tls.Config
+	// PrefaceTimeout bounds a new connection's TLS handshake, if any,
+	// and its wait for the client's preface and first SETTINGS (each).
 	PrefaceTimeout time.Duration
 	// IdleTimeout closes a connection that had no call in flight and
 	// started none for that long, with GOAWAY.
@@ -125,6 +134,29 @@ func (o *Options) fill() {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if o.TLS != nil {
+		o.TLS = forH2(o.TLS.Clone())
+		if get := o.TLS.GetConfigForClient; get != nil {
+			o.TLS.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+				cfg, err := get(h)
+				if cfg == nil || err != nil {
+					return cfg, err
+				}
+				if len(cfg.NextProtos) == 1 && cfg.NextProtos[0] == alpnH2 && cfg.MinVersion >= tls.VersionTLS12 {
+					return cfg, nil
+				}
+				return forH2(cfg.Clone()), nil
+			}
+		}
+	}
+}
+
+// forH2 makes c offer h2 alone by ALPN, over TLS 1.2 at least (RFC 9113,
+// section 9.2).
+func forH2(c *tls.Config) *tls.Config {
+	c.NextProtos = []string{alpnH2}
+	c.MinVersion = max(c.MinVersion, tls.VersionTLS12)
+	return c
 }
 
 // unaryFunc decodes a request message, calls the handler and appends the
@@ -422,6 +454,9 @@ func (s *Server) Serve(l net.Listener) error {
 			s.opts.Conns.Give()
 			_ = nc.Close()
 			continue
+		}
+		if s.opts.TLS != nil {
+			nc = tls.Server(nc, s.opts.TLS)
 		}
 		c := newConn(s, nc)
 		s.conns[c] = struct{}{}

@@ -40,8 +40,9 @@ func TestLatencyProxyRoundTrip(t *testing.T) {
 		median := rtts[len(rtts)/2]
 		t.Logf("delay %v: PING round trips %v, median %v", d, rtts, median)
 		// Each direction waits at least d, so 2d is a hard floor; the
-		// ceiling leaves room for a busy machine under -race.
-		if rtts[0] < 2*d || median > 2*d+20*time.Millisecond {
+		// ceiling, on the fastest round trip, leaves room for a busy
+		// machine under -race (60ms applied twice in a direction still fails).
+		if rtts[0] < 2*d || rtts[0] > 2*d+50*time.Millisecond {
 			t.Errorf("delay %v: round trips %v, want about %v", d, rtts, 2*d)
 		}
 	}

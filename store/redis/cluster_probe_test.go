@@ -113,8 +113,16 @@ func TestClusterProbeWithinTheBudget(t *testing.T) {
 	rs := New(client, Options{Prefix: topo.Prefix(t), Timeout: budget})
 	t.Cleanup(func() { _ = rs.Close() })
 	ctx := context.Background()
-	if err := rs.Warm(ctx); err != nil {
-		t.Fatal(err)
+	// Warming loads the scripts within the store's budget, which a loaded
+	// machine can miss: it is set-up, not what is tested, so it may retry.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err := rs.Warm(ctx)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 	probe := func(i int) error {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // the guard gives a probe at least 1s

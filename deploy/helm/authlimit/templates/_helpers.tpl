@@ -68,3 +68,6 @@ that the kubelet's updates (a swap of its ..data symlink) reach the pod. */}}
 
 {{/* Where envoyproxy/ratelimit's ConfigMap is mounted: a directory too. */}}
 {{- define "authlimit.rlsDir" -}}/etc/authlimit/rls{{- end -}}
+
+{{/* Where the gRPC port's TLS Secret is mounted. */}}
+{{- define "authlimit.grpcTLSDir" -}}/etc/authlimit/grpc-tls{{- end -}}
