@@ -74,7 +74,7 @@ type config struct {
 	BreakerMaxBackoff     time.Duration `env:"BREAKER_MAX_BACKOFF" envDefault:"500ms"`
 	MemoryMaxKeys         int           `env:"MEMORY_MAX_KEYS"` // default in defaultConfig
 	MaxHeaderBytes        int           `env:"MAX_HEADER_BYTES" envDefault:"32768"`
-	MaxBufferedBytes      int64         `env:"MAX_BUFFERED_BYTES" envDefault:"33554432"`
+	MaxBufferedBytes      int64         `env:"MAX_BUFFERED_BYTES" envDefault:"16777216"`
 	MaxConns              int           `env:"MAX_CONNS"` // unset: derived from the open file limit
 	ShutdownTimeout       time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
 	LogLevel              string        `env:"LOG_LEVEL" envDefault:"info"`
