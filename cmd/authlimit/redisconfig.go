@@ -74,6 +74,10 @@ func redisSettings(c *config, problem func(string, error)) (*goredis.UniversalOp
 	// retry would count its requests again.
 	base.DialerRetries = 1
 	base.MaxRetries = -1
+	// Pipelines (the top limited clients' exchange) run on the pool
+	// above: go-redis's own pool for them would dial beside it, during a
+	// burst too.
+	base.PipelinePoolSize = -1
 	o := &goredis.UniversalOptions{
 		Addrs:                 append([]string{base.Addr}, c.RedisAddrs...),
 		Username:              base.Username,
@@ -82,6 +86,7 @@ func redisSettings(c *config, problem func(string, error)) (*goredis.UniversalOp
 		TLSConfig:             base.TLSConfig,
 		Dialer:                base.Dialer,
 		PoolSize:              base.PoolSize,
+		PipelinePoolSize:      base.PipelinePoolSize,
 		ConnMaxIdleTime:       base.ConnMaxIdleTime,
 		ContextTimeoutEnabled: true,
 		DialTimeout:           base.DialTimeout,
