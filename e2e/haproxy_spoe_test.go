@@ -323,8 +323,8 @@ func TestHAProxySPOELargestRequest(t *testing.T) {
 		}
 	}
 	m := scrape(t, s.a.addr)
-	if m.sum("authlimit_spoa_protocol_errors_total") != 0 || m[`authlimit_requests_total{result="denied"}`] != 1 {
-		t.Errorf("protocol errors %v, denials %v; want 0 and 1", m.sum("authlimit_spoa_protocol_errors_total"), m[`authlimit_requests_total{result="denied"}`])
+	if m.sum("authlimit_spoa_protocol_errors_total") != 0 || m[`authlimit_requests_total{front="spoa",result="denied"}`] != 1 {
+		t.Errorf("protocol errors %v, denials %v; want 0 and 1", m.sum("authlimit_spoa_protocol_errors_total"), m[`authlimit_requests_total{front="spoa",result="denied"}`])
 	}
 }
 
