@@ -51,18 +51,18 @@ func TestNginxReusesConnections(t *testing.T) {
 
 		after := scrape(t, a.addr)
 		// Through SPOE, HAProxy's connections are the agent's.
-		conns := "authlimit_connections_accepted_total"
+		conns, front := "authlimit_connections_accepted_total", "http"
 		if px.spoe {
-			conns = "authlimit_spoa_connections_accepted_total"
+			conns, front = "authlimit_spoa_connections_accepted_total", "spoa"
 		}
 		if after[conns] < 1 {
 			t.Fatalf("authlimit exports no %s, or counted none of the connections", conns)
 		}
 		delta := func(name string) float64 { return after.sum(name) - before.sum(name) }
-		if got, want := delta(`authlimit_requests_total{front="http",result="denied"}`), float64(over); got != want {
+		if got, want := delta(`authlimit_requests_total{front="`+front+`",result="denied"}`), float64(over); got != want {
 			t.Errorf("authlimit denied %v requests, want %v", got, want)
 		}
-		if got, want := delta(`authlimit_requests_total{front="http",result="allowed"}`), float64(limit+others); got != want {
+		if got, want := delta(`authlimit_requests_total{front="`+front+`",result="allowed"}`), float64(limit+others); got != want {
 			t.Errorf("authlimit allowed %v requests, want %v", got, want)
 		}
 		// The scrapes come on a connection of their own, maybe two.
