@@ -96,6 +96,7 @@ func (a *testApp) quota(t *testing.T, ip string) quotaAnswer {
 // /v1/quota says what the next /auth decides, with the remaining count
 // before it, and any number of GETs consume nothing.
 func TestAdminQuotaAgreesWithAuth(t *testing.T) {
+	t.Parallel()
 	algorithms := []string{"fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "leaky_bucket", "gcra"}
 	adminStores(t, func(t *testing.T, env map[string]string) {
 		for _, alg := range algorithms {
@@ -138,6 +139,7 @@ func TestAdminQuotaAgreesWithAuth(t *testing.T) {
 // TestAdminResetFreesOnlyThatClient: DELETE /v1/quota frees the client's
 // quota, and no other client's.
 func TestAdminResetFreesOnlyThatClient(t *testing.T) {
+	t.Parallel()
 	adminStores(t, func(t *testing.T, env map[string]string) {
 		a := startApp(t, with(env, "AUTHLIMIT_RULES", "name=per-ip limit=2/1h algorithm=sliding_window_log; name=global limit=100/1h key=global"))
 		for _, ip := range []string{"198.51.100.1", "198.51.100.2"} {

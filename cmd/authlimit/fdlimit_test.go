@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -26,6 +27,23 @@ func TestMain(m *testing.M) {
 	if os.Getenv(runMainEnv) == "1" {
 		main()
 		return
+	}
+	// The parallel tests mostly wait (on processes of their own, file
+	// watches, Redis servers starting and stopping): four run at once
+	// unless -parallel says otherwise.
+	flag.Parse()
+	parallelSet, runSet := false, false
+	flag.Visit(func(f *flag.Flag) {
+		parallelSet = parallelSet || f.Name == "test.parallel"
+		runSet = runSet || f.Name == "test.run"
+	})
+	if !parallelSet {
+		_ = flag.Set("test.parallel", "4")
+	}
+	// A whole run builds the binary while the first tests run, rather
+	// than in the first test that needs it.
+	if !runSet && !testing.Short() {
+		go buildBinaryOnce()
 	}
 	code := m.Run()
 	removeBuiltBinary()
@@ -183,6 +201,7 @@ func checkServing(t *testing.T, c *child, p *proxyConn) {
 // failed accepts are counted and retried after a wait. Once the flood
 // ends, new connections are served again.
 func TestConnectionFloodNeverEndsTheProcess(t *testing.T) {
+	t.Parallel()
 	t.Run("default cap", func(t *testing.T) {
 		c := startLimited(t, "256:256")
 		p := c.dialProxy(t)
@@ -259,6 +278,7 @@ func isReset(err error) bool {
 // Connections refused on either are counted; once the gRPC flood ends,
 // the decision listener takes new connections again.
 func TestConnectionCapSharedWithGRPC(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ const floodKeys = 20000
 // creates no more header keys than the per-IP limit admits: a request the
 // per-IP rule denies writes nothing.
 func TestHeaderKeyFloodRedisMemory(t *testing.T) {
+	t.Parallel()
 	flood := func(t *testing.T, rules string) (keys int64, perKey float64) {
 		t.Helper()
 		srv := ownRedis(t)
@@ -49,6 +50,7 @@ func TestHeaderKeyFloodRedisMemory(t *testing.T) {
 	}
 
 	t.Run("header only", func(t *testing.T) {
+		t.Parallel() // a Redis server each
 		keys, perKey := flood(t, "name=per-key key=header:X-Api-Key limit=100/1h")
 		t.Logf("%d fresh X-Api-Key values: %d Redis keys, %.0f bytes each (used_memory)", floodKeys, keys, perKey)
 		if keys != floodKeys {
@@ -59,6 +61,7 @@ func TestHeaderKeyFloodRedisMemory(t *testing.T) {
 		}
 	})
 	t.Run("paired with a per-IP rule", func(t *testing.T) {
+		t.Parallel() // a Redis server each
 		keys, _ := flood(t, "name=per-ip key=ip limit=100/1h; name=per-key key=header:X-Api-Key limit=100/1h")
 		t.Logf("%d fresh X-Api-Key values from one client under a per-IP limit of 100: %d Redis keys", floodKeys, keys)
 		if keys > 101 {

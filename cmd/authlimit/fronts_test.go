@@ -116,23 +116,27 @@ func (b *binary) stop(t *testing.T) {
 // divided by AUTHLIMIT_LOCAL_DIVISOR, the limits Envoy sends with a
 // descriptor too.
 func TestThreeFrontsOneBinary(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 	cfg := writeFile(t, "rls.yaml", `
 domain: d
 descriptors:
-  - {key: k, rate_limit: {unit: minute, requests_per_unit: 4}}
+  - {key: k, rate_limit: {unit: hour, requests_per_unit: 4}}
 `)
 	for _, mode := range []string{"open", "closed", "local"} {
 		t.Run(mode, func(t *testing.T) {
+			// Each mode has its own Redis and its own process.
+			t.Parallel()
 			srv := ownRedis(t)
 			b := runBinary(t, bin, redisEnv(srv, "fronts"+strconv.FormatInt(time.Now().UnixNano(), 36),
-				"AUTHLIMIT_RULES", "name=r limit=4/1m", "AUTHLIMIT_RLS_CONFIG", cfg,
+				"AUTHLIMIT_RULES", "name=r limit=4/1h", "AUTHLIMIT_RLS_CONFIG", cfg,
 				"AUTHLIMIT_FAIL_MODE", mode, "AUTHLIMIT_LOCAL_DIVISOR", "2"))
 			conn := grpcClient(t, b.grpcAddr)
 			f := fronts{t: t, http: b.httpAddr, authz: authv3.NewAuthorizationClient(conn), rls: pb.NewRateLimitServiceClient(conn)}
 			for {
-				// One window for the whole sequence.
-				if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left > 20*time.Second {
+				// One window for the whole sequence (hours: it waits only
+				// in the last 20 seconds of one).
+				if left := time.Hour - time.Duration(time.Now().UnixNano()%int64(time.Hour)); left > 20*time.Second {
 					break
 				}
 				time.Sleep(time.Second)
@@ -200,7 +204,7 @@ descriptors:
 				if c, st, _ := f.check("203.0.113.2"); c != codes.ResourceExhausted || st != 429 {
 					t.Errorf("Check, deciding locally, third: %v %d, want a 429", c, st)
 				}
-				// The configured 4/minute and Envoy's 6/minute, divided.
+				// The configured 4/hour and Envoy's 6/hour, divided.
 				for _, tc := range []struct {
 					override uint32
 					left     []uint32
@@ -287,12 +291,12 @@ func (f fronts) check(client string) (codes.Code, int, map[string]string) {
 }
 
 // ask asks ShouldRateLimit about domain d's descriptor k=value, with a
-// limit override of rpu per minute unless rpu is 0.
+// limit override of rpu per hour unless rpu is 0.
 func (f fronts) ask(value string, rpu uint32) (*pb.RateLimitResponse, error) {
 	f.t.Helper()
 	d := &rlpb.RateLimitDescriptor{Entries: []*rlpb.RateLimitDescriptor_Entry{{Key: "k", Value: value}}}
 	if rpu > 0 {
-		d.Limit = &rlpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typepb.RateLimitUnit_MINUTE}
+		d.Limit = &rlpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typepb.RateLimitUnit_HOUR}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

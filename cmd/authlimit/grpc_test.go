@@ -261,6 +261,7 @@ func moreContract(t *testing.T, c pb.RateLimitServiceClient, id string) {
 // TestRLSBinary runs the built authlimit with the rate-limit service, on
 // both stores, and stops it with SIGTERM.
 func TestRLSBinary(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 	cfg := writeFile(t, "rls.yaml", rlsConfig)
 
@@ -286,6 +287,7 @@ func TestRLSBinary(t *testing.T) {
 // health is NOT_SERVING while Redis's circuit is open, as /readyz is 503,
 // and SERVING again once Redis answers.
 func TestGRPCHealthFollowsReadiness(t *testing.T) {
+	t.Parallel()
 	srv := redistest.New(t)
 	if !srv.Owned {
 		t.Skip("needs a Redis server the test can stop")

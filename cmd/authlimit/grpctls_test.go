@@ -232,6 +232,7 @@ func servedSerial(t *testing.T, addr string, ca *tlstest.CA) int64 {
 // one in force, logged and counted once; a new client CA swapped in
 // serves its clients and refuses the old CA's.
 func TestGRPCTLSRotation(t *testing.T) {
+	t.Parallel()
 	ca := tlstest.NewCA(t, "ca")
 	dir := t.TempDir()
 	first := ca.Server(t, 2)

@@ -255,6 +255,7 @@ func TestDenyCacheKeepsFloodsOffRedis(t *testing.T) {
 }
 
 func TestClusterMode(t *testing.T) {
+	t.Parallel()
 	cluster := redistest.NewCluster(t)
 	app := startApp(t, map[string]string{
 		"AUTHLIMIT_REDIS_MODE":    "cluster",

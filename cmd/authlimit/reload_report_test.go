@@ -74,6 +74,7 @@ func TestRLSReloadUpdatesConfigMetrics(t *testing.T) {
 // ConfigMap key's temporary) reload nothing; a write to the rules file
 // does, and so does a ConfigMap's ..data swap.
 func TestOnlyTheWatchedFilesReload(t *testing.T) {
+	t.Parallel()
 	for _, configMap := range []bool{false, true} {
 		t.Run(map[bool]string{false: "file", true: "configmap"}[configMap], func(t *testing.T) {
 			d := newRulesDir(t, "name=r limit=5/1m\n", configMap)
@@ -115,6 +116,7 @@ func TestOnlyTheWatchedFilesReload(t *testing.T) {
 // refused content is reported again; the admin API's reload still lists
 // its mistakes each time.
 func TestRefusalReportedOncePerContent(t *testing.T) {
+	t.Parallel()
 	d := newRulesDir(t, "name=r limit=5/1m\n", false)
 	rlsFile := writeFile(t, "ratelimit.yaml", rlsYAML(2, "hour"))
 	a := startApp(t, map[string]string{"AUTHLIMIT_RULES_FILE": d.file, "AUTHLIMIT_RLS_CONFIG": rlsFile,

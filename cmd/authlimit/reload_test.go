@@ -34,6 +34,15 @@ var builtBinary struct {
 // detector, as make build does) and returns its path.
 func authlimitBinary(t *testing.T) string {
 	t.Helper()
+	buildBinaryOnce()
+	if builtBinary.err != nil {
+		t.Fatal(builtBinary.err)
+	}
+	return builtBinary.path
+}
+
+// buildBinaryOnce builds cmd/authlimit into builtBinary, once.
+func buildBinaryOnce() {
 	builtBinary.once.Do(func() {
 		dir, err := os.MkdirTemp("", "authlimit-test-")
 		if err != nil {
@@ -45,14 +54,11 @@ func authlimitBinary(t *testing.T) string {
 			builtBinary.err = fmt.Errorf("go build: %v\n%s", err, out)
 		}
 	})
-	if builtBinary.err != nil {
-		t.Fatal(builtBinary.err)
-	}
-	return builtBinary.path
 }
 
 // removeBuiltBinary removes the built binary's directory, if any.
 func removeBuiltBinary() {
+	builtBinary.once.Do(func() {}) // waits for a build under way
 	if builtBinary.dir != "" {
 		_ = os.RemoveAll(builtBinary.dir)
 	}
@@ -436,6 +442,7 @@ func TestRulesFileReloadUnderLoad(t *testing.T) {
 // stops nothing); with the rules in AUTHLIMIT_RULES it says there is
 // nothing to reload.
 func TestSIGHUP(t *testing.T) {
+	t.Parallel()
 	d := newRulesDir(t, rulesV1, false)
 	rlsFile := filepath.Join(t.TempDir(), "ratelimit.yaml")
 	if err := os.WriteFile(rlsFile, []byte(rlsYAML(5, "minute")), 0o644); err != nil {

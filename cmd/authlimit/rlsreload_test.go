@@ -65,6 +65,7 @@ func (a *testApp) rlsJSON(t *testing.T, key string) int {
 // leaves the one in force, logs every mistake naming the variable and is
 // counted; the admin API's reload says what happened.
 func TestRLSConfigReloadsLive(t *testing.T) {
+	t.Parallel()
 	stores(t, func(t *testing.T, env map[string]string) {
 		cm := &configMap{dir: t.TempDir()}
 		cm.write(t, map[string]string{"ratelimit.yaml": rlsYAML(2, "hour")})
@@ -238,6 +239,7 @@ func TestRulesReloadKeepsRLSPolicies(t *testing.T) {
 // numbers for the guard stay the rules' and those of the configuration in
 // force, each once, however many reloads there were.
 func TestRLSReloadsKeepCountsAndForgetOldLimits(t *testing.T) {
+	t.Parallel()
 	stores(t, func(t *testing.T, env map[string]string) {
 		file := filepath.Join(t.TempDir(), "ratelimit.yaml")
 		write := func(body string) {

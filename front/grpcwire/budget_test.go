@@ -225,12 +225,13 @@ func TestSlowReaderGivesBack(t *testing.T) {
 	b := membudget.New(limit)
 	_, _, _, addr := testServer(t, Options{Budget: b, WriteTimeout: time.Minute, MaxConcurrentStreams: 1 << 20})
 	r := slowReader(t, addr)
-	// A write the server no longer reads fails here, not after its read
-	// timeout.
-	_ = r.c.SetWriteDeadline(time.Now().Add(20 * time.Second))
 	msg := message(t, &wrapperspb.BytesValue{Value: bytes.Repeat([]byte{'z'}, 100)})
 	block := r.block(grpcHeaders(echoPath)...)
 	for id := uint32(1); ; id += 2 {
+		// A write the server no longer reads fails here, not after its
+		// read timeout: each call's writes have seconds to go out, far
+		// more than a server that still reads takes on a busy machine.
+		_ = r.c.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
 		if err == nil {
 			err = r.fr.WriteData(id, true, msg)

@@ -88,6 +88,7 @@ func topologyStore(t *testing.T) (*redistest.ClusterTopology, *Store) {
 // goes to each primary as one script call, whatever the number of its
 // slots, and decides every request once.
 func TestClusterOneCallPerPrimary(t *testing.T) {
+	t.Parallel()
 	topo, rs := topologyStore(t)
 	rule := algotest.MustPolicy(t, algo.Spec{Name: "per-primary", Algorithm: algo.FixedWindow, Limit: 1000, Window: time.Hour})
 	var keys []string
@@ -132,6 +133,7 @@ func TestClusterOneCallPerPrimary(t *testing.T) {
 // slot, the moved key's after an ASK to the importing primary. Every
 // request is decided exactly once, before, during and after the migration.
 func TestClusterBatchAcrossAMigration(t *testing.T) {
+	t.Parallel()
 	topo, rs := topologyStore(t)
 	rule := algotest.MustPolicy(t, algo.Spec{Name: "migrating", Algorithm: algo.SlidingWindowCounter, Limit: 1000, Window: time.Hour})
 	masters := topo.Masters(t)
@@ -183,6 +185,7 @@ func TestClusterBatchAcrossAMigration(t *testing.T) {
 // once, each primary's slots one call each after its call is refused, and
 // RefusedCommands names EXISTS, which start-up then warns of.
 func TestClusterWithoutExists(t *testing.T) {
+	t.Parallel()
 	topo := redistest.NewClusterTopology(t, 3, 0)
 	prefix := topo.Prefix(t)
 	const user, password = "no-exists", "no-exists-password"
@@ -232,6 +235,7 @@ func anys(ss []string) []any {
 // unconsumed with no refund, while a part on another primary that admitted
 // is refunded.
 func TestClusterRequestAcrossSlotsOfOnePrimary(t *testing.T) {
+	t.Parallel()
 	topo, rs := topologyStore(t)
 	masters := topo.Masters(t)
 	m, n := masters[0], masters[1]
@@ -296,6 +300,7 @@ func TestClusterRequestAcrossSlotsOfOnePrimary(t *testing.T) {
 // the primary's one call, in the batch's order: the second sees what the
 // first consumed, and its denial consumes nothing and refunds nothing.
 func TestClusterBatchOfRequestsAcrossSlots(t *testing.T) {
+	t.Parallel()
 	topo, rs := topologyStore(t)
 	m := topo.Masters(t)[0]
 	var keys []string
@@ -347,6 +352,7 @@ func TestClusterBatchOfRequestsAcrossSlots(t *testing.T) {
 // the whole of a slot's migration, go to the importing primary without the
 // client reloading the cluster's layout (CLUSTER SLOTS) for each.
 func TestClusterRedirectionsReloadNoLayout(t *testing.T) {
+	t.Parallel()
 	topo, rs := topologyStore(t)
 	rule := algotest.MustPolicy(t, algo.Spec{Name: "asked", Algorithm: algo.FixedWindow, Limit: 1000, Window: time.Hour})
 	masters := topo.Masters(t)

@@ -18,6 +18,7 @@ import (
 // has moved away from it; it succeeds again once the primary can decide,
 // and once the client has learned where the slot went.
 func TestClusterProbe(t *testing.T) {
+	t.Parallel()
 	topo, rs := topologyStore(t)
 	ctx := context.Background()
 	masters := topo.Masters(t)

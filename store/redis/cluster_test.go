@@ -18,6 +18,7 @@ import (
 )
 
 func TestSlotMatchesRedis(t *testing.T) {
+	t.Parallel()
 	cluster := redistest.NewCluster(t)
 	client := cluster.Client(t)
 	ctx := context.Background()
@@ -36,6 +37,7 @@ func TestSlotMatchesRedis(t *testing.T) {
 // slots: they are admitted when every slot admits, and a denial in one slot
 // leaves the other slots' state as it was.
 func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
+	t.Parallel()
 	rs, _ := newClusterStore(t)
 	ctx := context.Background()
 	for _, a := range algo.Algorithms() {
@@ -73,6 +75,7 @@ func TestClusterSplitsBySlotAndRefunds(t *testing.T) {
 // so the SMS case (1/min + 5/h + 10/day on one phone number) is one atomic
 // call in a cluster.
 func TestClusterSameKeyIsOneCall(t *testing.T) {
+	t.Parallel()
 	rs, client := newClusterStore(t)
 	ctx := context.Background()
 	var reqs []algo.Request
@@ -125,6 +128,7 @@ func TestClusterSameKeyIsOneCall(t *testing.T) {
 // source, alone or in a pipeline of several calls to that primary; refunds
 // too.
 func TestClusterLostScripts(t *testing.T) {
+	t.Parallel()
 	rs, client := newClusterStore(t)
 	ctx := context.Background()
 	flush := func() {

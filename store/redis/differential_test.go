@@ -87,12 +87,14 @@ func randomGap(rng *rand.Rand, p *algo.Policy) time.Duration {
 // of several rules none of which is a sliding_window_log, which decide.lua
 // reads in its flat layout and decides in a path of its own.
 func TestDifferential(t *testing.T) {
+	t.Parallel()
 	sequences := 2000
 	if testing.Short() {
 		sequences = 200
 	}
-	t.Run("any", func(t *testing.T) { differential(t, sequences, false) })
-	t.Run("flat", func(t *testing.T) { differential(t, sequences, true) })
+	// Each run has stores (and a Redis server) of its own.
+	t.Run("any", func(t *testing.T) { t.Parallel(); differential(t, sequences, false) })
+	t.Run("flat", func(t *testing.T) { t.Parallel(); differential(t, sequences, true) })
 }
 
 // differential is TestDifferential's run, of requests of several rules and
