@@ -65,9 +65,11 @@ ALLOC_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' -E '^func Test[
 # test runs every unit and integration test against real Redis, with the race
 # detector, then prints the sliding_window_counter accuracy report. The e2e
 # module's tests without the e2e tag (the deployment files, the chart's
-# README, the version) run too. CI runs make lint beside it.
+# README, the version) run too. CI runs make lint beside it. The tests that
+# call t.Parallel mostly wait (on Redis servers and clusters starting, on
+# processes of their own, on file watches): four of a package run at once.
 test:
-	$(GO) test -race -shuffle=on -count=1 $(PKGS)
+	$(GO) test -race -shuffle=on -count=1 -parallel 4 $(PKGS)
 	cd e2e && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -run 'Allocates' $(ALLOC_PKGS)
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'

@@ -556,6 +556,7 @@ func TestCheckFailModes(t *testing.T) {
 		{guard.FailLocal, []int{200, 429}, ""},
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
+			t.Parallel() // stacks of their own, one stopped server
 			b := backend{name: "stopped redis", redis: srv, failMode: tc.mode}
 			const src = "name=a key=ip limit=1/1m"
 			httpStack, checkStack := newStack(t, b, src, nil), newStack(t, b, src, nil)

@@ -15,6 +15,7 @@ import (
 // once, decided as they come and answered by whoever completes their
 // decisions, admit exactly the limit, on every store.
 func TestConcurrentExact(t *testing.T) {
+	t.Parallel()
 	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, `domain: d
 descriptors:

@@ -43,6 +43,7 @@ descriptors:
 `
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, another, twice)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
@@ -204,6 +205,7 @@ descriptors:
 // passed still gets the store's decision, and the store's circuit (opened
 // here by a single failure) stays closed.
 func TestCallerDeadlineDoesNotTripTheBreaker(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, another)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
@@ -226,6 +228,7 @@ func TestCallerDeadlineDoesNotTripTheBreaker(t *testing.T) {
 // request reaching more limits than one decision holds, and an override
 // that cannot be served, are over the limit and count nothing.
 func TestClientInputIsAnAnswer(t *testing.T) {
+	t.Parallel()
 	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, another, twice+`
   - key: user

@@ -85,6 +85,7 @@ descriptors:
 `
 
 func TestTwentyPerMinute(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, another, basic)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
@@ -107,6 +108,7 @@ func TestTwentyPerMinute(t *testing.T) {
 }
 
 func TestTwoDescriptorsAllOrNothing(t *testing.T) {
+	t.Parallel()
 	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, another)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
@@ -141,6 +143,7 @@ func TestTwoDescriptorsAllOrNothing(t *testing.T) {
 }
 
 func TestHitsAddend(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, another)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
@@ -199,6 +202,7 @@ descriptors:
 `
 
 func TestReplaces(t *testing.T) {
+	t.Parallel()
 	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, replaces)
 		awayFromWindowEdge(t, time.Minute, 20*time.Second)
@@ -246,6 +250,7 @@ func TestReplaces(t *testing.T) {
 }
 
 func TestReadmeExamples(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind,
 			// Example 1: two values of one key.
@@ -465,6 +470,7 @@ descriptors:
 }
 
 func TestOverride(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, another)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
@@ -525,6 +531,7 @@ func TestHeaders(t *testing.T) {
 }
 
 func TestSeveralLimitsAndAlgorithms(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, `
 domain: api

@@ -45,18 +45,20 @@ const (
 	clusterStore storeKind = "redis_cluster"
 )
 
-// eachStore runs f against the memory store and against a real Redis.
+// eachStore runs f against the memory store and against a real Redis, in
+// parallel: each run starts a store (and a server) of its own.
 func eachStore(t *testing.T, f func(t *testing.T, kind storeKind)) {
 	for _, k := range []storeKind{memoryStore, redisStore} {
-		t.Run(string(k), func(t *testing.T) { f(t, k) })
+		t.Run(string(k), func(t *testing.T) { t.Parallel(); f(t, k) })
 	}
 }
 
 // eachStoreAndCluster runs f against the memory store, a real Redis and a
-// Redis Cluster, where a request's descriptors land in different slots.
+// Redis Cluster, where a request's descriptors land in different slots, in
+// parallel as eachStore does.
 func eachStoreAndCluster(t *testing.T, f func(t *testing.T, kind storeKind)) {
 	for _, k := range []storeKind{memoryStore, redisStore, clusterStore} {
-		t.Run(string(k), func(t *testing.T) { f(t, k) })
+		t.Run(string(k), func(t *testing.T) { t.Parallel(); f(t, k) })
 	}
 }
 

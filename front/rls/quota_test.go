@@ -43,6 +43,7 @@ descriptors:
 // is over); each quota descriptor's status says its own; a regular
 // descriptor over its limit denies whatever the quota descriptors say.
 func TestQuotaMode(t *testing.T) {
+	t.Parallel()
 	eachStoreAndCluster(t, func(t *testing.T, kind storeKind) {
 		e := start(t, kind, quotaConfig)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
@@ -81,6 +82,7 @@ func TestQuotaModeRegularDenies(t *testing.T) {
 // metadata of the descriptors that are not over their limit; without it,
 // none.
 func TestResponseMetadata(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		e := startOpts(t, kind, guard.FailClosed, func(o *Options) { o.ResponseMetadata = true }, quotaConfig)
 		awayFromWindowEdge(t, time.Minute, 15*time.Second)
