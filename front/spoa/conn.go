@@ -34,6 +34,9 @@ type conn struct {
 	// flushFn is flush, made once: a goroutine started with it
 	// allocates nothing.
 	flushFn func()
+	// now writes what the socket takes at once (nil if nc is not a
+	// socket): see flushLocked.
+	now *nowWriter
 
 	// room is signalled (without waiting) when an answer leaves the
 	// flight or the written buffer drains: the reader waits on it for
@@ -65,6 +68,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		done:     make(chan struct{}),
 	}
 	c.flushFn = c.flush
+	c.now = newNowWriter(nc)
 	return c
 }
 
@@ -136,7 +140,7 @@ func (c *conn) handshake() bool {
 	c.maxFrame = int(min(hl.maxFrame, uint64(c.srv.opts.MaxFrameSize)))
 	c.mu.Lock()
 	c.wbuf = appendAgentHello(c.wbuf, c.maxFrame)
-	c.flushLocked()
+	c.flushLocked(true)
 	if hl.healthcheck {
 		c.drain()
 		return false
@@ -212,7 +216,7 @@ func (c *conn) acquire() bool {
 func (c *conn) unhold() {
 	c.mu.Lock()
 	c.holding = false
-	c.flushLocked()
+	c.flushLocked(true)
 }
 
 // waitRoom waits until the connection may read another frame: fewer than
@@ -518,23 +522,66 @@ func (r Reply) Send(actions []byte) {
 	var at int
 	c.wbuf, at = startFrame(c.wbuf, frameAck, r.sid, r.fid)
 	c.wbuf = endFrame(append(c.wbuf, actions...), at)
-	c.flushLocked()
+	c.flushLocked(c.inflight < quietInFlight)
 }
 
-// flushLocked has what is buffered written by a goroutine of its own,
-// unless one already writes or the reader holds the answers back (see
-// holding). Answers completed meanwhile (a store's goroutine completes
-// decisions one after another) join the buffer and go out in the same
-// write: one write for many ACKs costs HAProxy and the agent less than a
-// write each. c.mu is held on entry and released on return.
-func (c *conn) flushLocked() {
+// quietInFlight is the frames in flight on a connection below which an
+// answer is written by the goroutine that completed it (see flushLocked):
+// with so few, no other answer is likely to come soon enough to share its
+// write.
+const quietInFlight = 4
+
+// flushLocked writes what is buffered, unless one already writes or the
+// reader holds the answers back (see holding). With now, it writes on the
+// calling goroutine what the socket takes at once: at low load an answer
+// then goes out without waking another goroutine, which on a busy machine
+// costs more than the write. The rest (the socket is full, or not now) is
+// written by a goroutine of its own, which waits for the socket as need
+// be; answers completed meanwhile (a store's goroutine completes a batch
+// of decisions one after another) join the buffer and go out in the same
+// write: one write for many answers costs HAProxy and the agent less than
+// a write each. c.mu is held on entry and released on return.
+func (c *conn) flushLocked(now bool) {
 	if c.flushing || c.closed || c.holding || len(c.wbuf) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	if now && c.now != nil && !c.writeNowLocked() {
+		c.mu.Unlock()
+		c.close()
+		return
+	}
+	if c.closed || len(c.wbuf) == 0 {
 		c.mu.Unlock()
 		return
 	}
 	c.flushing = true
 	c.mu.Unlock()
 	go c.flushFn()
+}
+
+// writeNowLocked writes what the socket takes of the buffer at once, with
+// c.mu released meanwhile and flushing set; what it did not take stays
+// first in the buffer. It reports false if the write failed. c.mu is held
+// on entry and on return; flushing is false on both.
+func (c *conn) writeNowLocked() bool {
+	b := c.wbuf
+	c.wbuf = c.spare[:0]
+	c.spare = nil
+	c.flushing = true
+	c.mu.Unlock()
+	n, err := c.now.writeNow(b)
+	c.mu.Lock()
+	c.flushing = false
+	if n < len(b) {
+		// The rest goes first, before what was buffered meanwhile.
+		rest := b[:copy(b, b[n:])]
+		c.wbuf, c.spare = append(rest, c.wbuf...), c.wbuf[:0]
+	} else if cap(b) <= maxPending {
+		c.spare = b[:0]
+	}
+	c.signal()
+	return err == nil
 }
 
 // flush writes until nothing is buffered, waiting on the socket as need

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"net"
 	"net/netip"
 	"sync/atomic"
@@ -452,3 +453,62 @@ func (h *hookConn) Write(b []byte) (int, error) {
 }
 
 func (h *hookConn) SetWriteDeadline(time.Time) error { return nil }
+
+// TestWriteNowRest: what the socket does not take at once stays first in
+// the buffer, before an answer buffered after it, and goes out whole
+// once the peer reads: the peer gets every byte, in order.
+func TestWriteNowRest(t *testing.T) {
+	s, err := NewServer(Options{Handler: newEcho(false), Trusted: loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	peer, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	nc, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newConn(s, nc)
+	defer c.close()
+	if c.now == nil {
+		t.Skip("no write without waiting on this platform")
+	}
+	// More than the two sockets' buffers hold (Linux grows each to a
+	// few MiB at most).
+	want := make([]byte, 32<<20)
+	for i := range want {
+		want[i] = byte(i % 251)
+	}
+	c.wbuf = append(c.wbuf, want...)
+	c.mu.Lock()
+	if !c.writeNowLocked() {
+		t.Fatal("the write failed")
+	}
+	rest := len(c.wbuf)
+	c.wbuf = append(c.wbuf, "later answer"...)
+	c.mu.Unlock()
+	if rest == 0 || rest == len(want) {
+		t.Fatalf("the socket took %d of %d bytes at once: want some, not all", len(want)-rest, len(want))
+	}
+	want = append(want, "later answer"...)
+
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(want))
+		_ = peer.SetReadDeadline(time.Now().Add(30 * time.Second))
+		n, _ := io.ReadFull(peer, b)
+		got <- b[:n]
+	}()
+	c.drain()
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("the peer got %d bytes, want %d, in order", len(b), len(want))
+	}
+}
