@@ -73,6 +73,7 @@ func (a *app) newSPOA(s *settings) error {
 		Handler:       agent,
 		Trusted:       s.trusted,
 		Conns:         a.connCap,
+		Budget:        a.budget,
 		HelloTimeout:  serverTimeouts.Read,
 		FrameTimeout:  serverTimeouts.Read,
 		IdleTimeout:   serverTimeouts.Idle,

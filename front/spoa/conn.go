@@ -11,6 +11,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // conn is one connection from HAProxy. One goroutine, the reader, runs
@@ -22,6 +24,10 @@ type conn struct {
 	srv  *Server
 	nc   net.Conn
 	peer netip.Addr
+
+	// hold is the connection's share of Options.Budget: the large frame
+	// it reads.
+	hold *membudget.Holder
 
 	// The reader's own.
 	br  *bufio.Reader
@@ -69,6 +75,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	}
 	c.flushFn = c.flush
 	c.now = newNowWriter(nc)
+	c.hold = s.opts.Budget.Holder(func() { go c.evicted() })
 	return c
 }
 
@@ -316,10 +323,11 @@ func (c *conn) frameBuffered() bool {
 }
 
 // take reserves n bytes of the budget, waiting up to FrameTimeout for
-// them; false if they did not come, or the connection closed.
+// them; false if they did not come, or the connection closed (or was
+// evicted).
 func (c *conn) take(n int64) bool {
 	deadline := time.Now().Add(c.srv.opts.FrameTimeout)
-	for !c.srv.opts.Budget.TryTake(n) {
+	for !c.hold.Take(n) {
 		if time.Now().After(deadline) {
 			return false
 		}
@@ -336,7 +344,7 @@ func (c *conn) take(n int64) bool {
 func (c *conn) release(f []byte, large int) {
 	if large > 0 {
 		putFrameBuf(f)
-		c.srv.opts.Budget.Give(int64(large))
+		c.hold.Give(int64(large))
 		return
 	}
 	_, _ = c.br.Discard(len(f) + 4)
@@ -481,7 +489,15 @@ func (c *conn) close() {
 	c.mu.Unlock()
 	close(c.done)
 	_ = c.nc.Close()
+	c.hold.Close()
 	c.srv.forget(c)
+}
+
+// evicted closes a connection the budget evicted: it held the most when
+// another's request needed room.
+func (c *conn) evicted() {
+	c.srv.opts.Log.Debug("spoa: connection evicted: it held the most of the memory budget", "peer", c.nc.RemoteAddr().String())
+	c.close()
 }
 
 // Reply answers one NOTIFY frame: see Handler.

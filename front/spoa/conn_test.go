@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // TestHandshake: AGENT-HELLO answers with version 2.0, the lesser
@@ -274,10 +276,11 @@ func TestUntrustedPeer(t *testing.T) {
 
 // TestLargeFrames: a frame larger than the read buffer is read into a
 // buffer from the budget, given back once handled; with the budget spent
-// elsewhere, the connection waits FrameTimeout, then says
+// by holders none of which holds as much as the frame needs (none can be
+// evicted for it), the connection waits FrameTimeout, then says
 // AGENT-DISCONNECT with status 13.
 func TestLargeFrames(t *testing.T) {
-	b := &fixedBudget{max: 64 << 10}
+	b := membudget.New(64 << 10)
 	e := newEcho(false)
 	addr, _ := startServer(t, e, func(o *Options) { o.Budget, o.FrameTimeout = b, 200*time.Millisecond })
 	p := dial(t, addr)
@@ -289,13 +292,50 @@ func TestLargeFrames(t *testing.T) {
 			t.Fatalf("large frame %d: the handler saw %d bytes, want %d", i, len(vars["msgs"].b), len(big))
 		}
 	}
-	eventually(t, "the budget given back", func() bool { return b.used.Load() == 0 })
-	if !b.TryTake(40 << 10) {
-		t.Fatal("TryTake")
+	eventually(t, "the budget given back", func() bool { return b.Used() == 0 })
+	others := []*membudget.Holder{b.Holder(func() {}), b.Holder(func() {})}
+	for _, h := range others {
+		if !h.Take(20 << 10) {
+			t.Fatal("Take")
+		}
 	}
 	p.write(frameNotify, flagFin, 9, 1, big)
 	p.disconnected(statusResources)
-	b.Give(40 << 10)
+	for _, h := range others {
+		h.Close()
+	}
+}
+
+// TestBudgetShared: a large frame's bytes count in the budget the other
+// ports share (AUTHLIMIT_MAX_BUFFERED_BYTES) while it is read, and an
+// agent connection that holds the most when another port's request needs
+// room is the one closed, its bytes given back.
+func TestBudgetShared(t *testing.T) {
+	b := membudget.New(64 << 10)
+	addr, _ := startServer(t, newEcho(false), func(o *Options) { o.Budget = b })
+	p := dial(t, addr)
+	p.hello(65532)
+	big := encodeMessage("authlimit", str("headers", string(bytes.Repeat([]byte{'h'}, 40<<10))))
+	f := frame(frameNotify, flagFin, 1, 1, big)
+	// The frame's length and its first bytes: the agent takes room for
+	// all of it and waits for the rest.
+	if _, err := p.nc.Write(f[:1024]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the frame's bytes counted in the shared budget", func() bool { return b.Used() >= 40<<10 })
+	evicted := make(chan struct{})
+	other := b.Holder(func() { close(evicted) })
+	defer other.Close()
+	if !other.Take(40 << 10) {
+		t.Fatal("another port's request was refused room the agent's connection held")
+	}
+	p.closed()
+	eventually(t, "the agent's bytes given back", func() bool { return b.Used() == 40<<10 })
+	select {
+	case <-evicted:
+		t.Fatal("the other holder was evicted, not the agent's connection")
+	default:
+	}
 }
 
 // TestShutdown: Shutdown stops accepting, lets the frames in flight be
