@@ -109,7 +109,13 @@ func (c *conn) headers() error {
 		return nil
 	}
 	if !h.isGRPC {
-		return c.open(id, nil, newRefusal(status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", h.contentType), 415, h.method == "HEAD"), 0)
+		ct := h.contentType
+		if len(ct) > maxQuoted {
+			// The answer may wait for the client's window: it holds
+			// little of what the client sent.
+			ct = ct[:maxQuoted]
+		}
+		return c.open(id, nil, newRefusal(status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", ct), 415, h.method == "HEAD"), 0)
 	}
 	switch {
 	case h.badTimeout != nil:

@@ -24,6 +24,9 @@ import (
 // reset of the client's side, as grpc-go answers it: a gRPC client reads
 // its status from the trailers, and has no use for a stream kept open.
 
+// maxQuoted is the most of a request's content-type its refusal quotes.
+const maxQuoted = 64
+
 // refusal is a refused request's answer.
 type refusal struct {
 	header []byte // the response's header block

@@ -2,7 +2,9 @@ package grpcwire
 
 import (
 	"bytes"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,15 +125,25 @@ func TestRefusedRequest(t *testing.T) {
 		body     []string
 		trailers bool // the client's side ends with trailers, not DATA
 		head     bool
+		// contentType, if set, is sent, and quoted in the answer up to
+		// its first maxQuoted bytes.
+		contentType string
 	}{
 		{name: "GET", method: "GET"},
 		{name: "POST with a body in three frames", method: "POST", body: []string{"a", "bb", "ccc"}},
 		{name: "POST ended by trailers", method: "POST", body: []string{"abc"}, trailers: true},
 		{name: "HEAD", method: "HEAD", head: true},
+		{name: "long content-type", method: "GET", contentType: strings.Repeat("t", 10000)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rawDial(t, addr)
-			r.headers(1, false, plainHeaders(tc.method)...)
+			want := body
+			if tc.contentType != "" {
+				r.headers(1, false, plainHeaders(tc.method, "content-type", tc.contentType)...)
+				want = fmt.Sprintf("invalid gRPC request content-type %q\n", tc.contentType[:maxQuoted])
+			} else {
+				r.headers(1, false, plainHeaders(tc.method)...)
+			}
 			for _, b := range tc.body {
 				if err := r.fr.WriteData(1, false, []byte(b)); err != nil {
 					t.Fatal(err)
@@ -157,7 +169,7 @@ func TestRefusedRequest(t *testing.T) {
 				}
 				got = append(got, e.data...)
 			}
-			if want := body; tc.head && len(evs) != 1 || !tc.head && string(got) != want {
+			if tc.head && len(evs) != 1 || !tc.head && string(got) != want {
 				t.Fatalf("answer's body %q in %d frames, want %q (none for HEAD)", got, len(evs)-1, want)
 			}
 			callAfter(t, r, 3)
