@@ -145,10 +145,13 @@ type sharedState struct {
 type stream struct {
 	id    uint32
 	m     *method
-	async bool    // answered by its Reply: see flushFor
-	ctx   callCtx // its fields under the connection's mu
-	reply Reply   // an asynchronous call's
-	req   *[]byte // the request's bytes as received; nil before the first
+	async bool // answered by its Reply: see flushFor
+	// refusal, if set, is the answer of a request that is not a gRPC
+	// call (m is nil then): see refusal.go.
+	refusal *refusal
+	ctx     callCtx // its fields under the connection's mu
+	reply   Reply   // an asynchronous call's
+	req     *[]byte // the request's bytes as received; nil before the first
 	// charged is what the stream counts in the budget: streamCost and
 	// req's capacity.
 	charged int64
@@ -164,6 +167,9 @@ type streamReader struct {
 	ended     bool   // the client's side ended
 	stale     bool   // no DATA came since the reader last looked
 	openTick  uint64 // c.rd.tick when the stream opened
+	// declared is the request's content-length, -1 if it has none;
+	// body is the length of the DATA received, padding aside.
+	declared, body int64
 }
 
 // streamShared is what the reader, the handler and the writers share of
@@ -173,6 +179,7 @@ type streamShared struct {
 	out         *[]byte // response bytes waiting for the window
 	outOff      int
 	trailers    []byte // sent once out is
+	endData     bool   // out's last DATA frame ends the stream (no trailers)
 	headersSent bool
 	finished    bool // trailers queued, or the stream reset
 	handling    bool // a handler runs

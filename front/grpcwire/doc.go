@@ -30,6 +30,8 @@
 //   - headers.go: a request's header block, and the streams it opens.
 //   - flow.go: DATA and the flow-control windows both ways.
 //   - calls.go: a call from its complete request to its queued answer.
+//   - refusal.go: a request that is not a gRPC call, kept open until its
+//     client's side ends, then answered.
 //   - write.go: queueing frames and writing them, and the raw write path.
 //   - wire.go: frame and HPACK encoding, grpc-timeout, grpc-message.
 //

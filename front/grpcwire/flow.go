@@ -62,6 +62,23 @@ func (c *conn) data(f *http2.DataFrame) error {
 		return nil
 	}
 	data := f.Data()
+	s.rd.body += int64(len(data))
+	if s.rd.declared >= 0 && s.rd.body > s.rd.declared {
+		// More than content-length said: malformed (RFC 9113,
+		// section 8.1.1).
+		c.release(n)
+		c.resetStream(s.id, http2.ErrCodeProtocol)
+		return nil
+	}
+	if s.refusal != nil {
+		// Read and discarded: the connection's window is returned at
+		// once, the stream's never (see refusal.go).
+		c.release(n)
+		if f.StreamEnded() {
+			return c.endStream(s)
+		}
+		return nil
+	}
 	c.release(n - len(data)) // padding
 	if !c.reserve(s, data) {
 		c.release(len(reqBytes(s)) + len(data))
@@ -77,7 +94,7 @@ func (c *conn) data(f *http2.DataFrame) error {
 		return nil
 	}
 	if f.StreamEnded() {
-		return c.endRequest(s)
+		return c.endStream(s)
 	}
 	if unacked := s.rd.recvUsed - s.rd.recvAcked; unacked >= streamWindow/2 {
 		s.rd.recvAcked = s.rd.recvUsed

@@ -213,8 +213,11 @@ func (c *conn) settings(f *http2.SettingsFrame) error {
 	if err != nil {
 		return err
 	}
-	c.pushBlockedLocked()
+	// The acknowledgement goes first, then what a larger window lets
+	// go: the client learns the settings took effect before it reads
+	// frames sent under them.
 	c.sh.wbuf = appendFrameHeader(c.sh.wbuf, 0, frameSettings, flagAck, 0)
+	c.pushBlockedLocked()
 	return c.controlLocked()
 }
 

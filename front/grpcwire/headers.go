@@ -3,6 +3,7 @@ package grpcwire
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +22,11 @@ type reqHeaders struct {
 	regular                                      bool // a regular field came
 	isGRPC                                       bool
 	badTimeout                                   error
+	// length is content-length's value, if hasLength; a value that is
+	// not a number, or a second that differs, makes the request
+	// malformed.
+	length    int64
+	hasLength bool
 }
 
 // checkBlock bounds a header block: compressed, it may not be larger
@@ -63,7 +69,7 @@ func (c *conn) headers() error {
 			c.resetStream(id, http2.ErrCodeProtocol)
 			return nil
 		}
-		return c.endRequest(s)
+		return c.endStream(s)
 	}
 	if id <= c.sh.maxStream {
 		c.mu.Unlock()
@@ -85,30 +91,40 @@ func (c *conn) headers() error {
 	case h.authority > 1 || h.host > 1:
 		c.abort(id, status.New(codes.Internal, "more than one :authority or host"), 400)
 		return nil
-	case h.malformed || h.method == "" || h.path == "" || h.scheme == 0 || rd.blockDep:
+	case h.malformed || h.method == "" || h.path == "" || h.scheme == 0 || rd.blockDep,
+		rd.blockEnd && h.hasLength && h.length != 0:
 		// A request without :method, :scheme or :path is malformed
-		// (RFC 9113, section 8.3.1); a stream may not depend on itself
-		// (section 5.3.1).
+		// (RFC 9113, section 8.3.1), and so is one whose content-length
+		// is not the length of its DATA, none here (section 8.1.1); a
+		// stream may not depend on itself (section 5.3.1).
 		c.resetStream(id, http2.ErrCodeProtocol)
-		return nil
-	case !h.isGRPC:
-		c.abort(id, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", h.contentType), 415)
-		return nil
-	case h.badTimeout != nil:
-		c.abort(id, status.Newf(codes.Internal, "malformed grpc-timeout: %v", h.badTimeout), 400)
-		return nil
-	case h.authority == 0 && h.host == 0:
-		c.abort(id, status.New(codes.Internal, "no host or :authority header present"), 400)
 		return nil
 	}
 	c.mu.Lock()
 	full := c.sh.active >= int(c.srv.opts.MaxConcurrentStreams)
 	c.mu.Unlock()
 	if full {
+		// Section 5.1.2: a stream beyond the limit is a stream error.
 		c.resetStream(id, http2.ErrCodeRefusedStream)
 		return nil
 	}
-	if h.method != "POST" {
+	if !h.isGRPC {
+		ct := h.contentType
+		if len(ct) > maxQuoted {
+			// The answer may wait for the client's window: it holds
+			// little of what the client sent.
+			ct = ct[:maxQuoted]
+		}
+		return c.open(id, nil, newRefusal(status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", ct), 415, h.method == "HEAD"), 0)
+	}
+	switch {
+	case h.badTimeout != nil:
+		c.abort(id, status.Newf(codes.Internal, "malformed grpc-timeout: %v", h.badTimeout), 400)
+		return nil
+	case h.authority == 0 && h.host == 0:
+		c.abort(id, status.New(codes.Internal, "no host or :authority header present"), 400)
+		return nil
+	case h.method != "POST":
 		c.abort(id, status.Newf(codes.Internal, "http2Server.operateHeaders parsed a :method field: %v which should be POST", h.method), 405)
 		return nil
 	}
@@ -129,15 +145,27 @@ func (c *conn) headers() error {
 			return nil
 		}
 	}
+	return c.open(id, m, nil, timeout)
+}
+
+// open opens stream id for a call of m, or for a request refused, and
+// counts it against MaxConcurrentStreams until it is answered; timeout
+// is the call's grpc-timeout, if not 0 (on the reader).
+func (c *conn) open(id uint32, m *method, r *refusal, timeout time.Duration) error {
+	rd := &c.rd
 	if !c.hold.Take(streamCost) {
 		c.abort(id, errBudget, 200)
 		return nil
 	}
-	s := &stream{id: id, m: m, charged: streamCost}
+	s := &stream{id: id, m: m, refusal: r, charged: streamCost}
 	s.rd.openTick = rd.tick
+	s.rd.declared = -1
+	if rd.hdr.hasLength {
+		s.rd.declared = rd.hdr.length
+	}
 	s.sh.counted = true
 	s.ctx.c = c
-	if h.timeout != "" {
+	if timeout != 0 {
 		s.ctx.deadline = time.Now().Add(timeout)
 	}
 	c.mu.Lock()
@@ -149,7 +177,7 @@ func (c *conn) headers() error {
 	c.sh.active++
 	c.mu.Unlock()
 	if rd.blockEnd {
-		return c.endRequest(s)
+		return c.endStream(s)
 	}
 	return nil
 }
@@ -233,6 +261,12 @@ func (c *conn) field(f hpack.HeaderField) {
 		h.encoding = f.Value
 	case "host":
 		h.host++
+	case "content-length":
+		n, err := strconv.ParseInt(f.Value, 10, 64)
+		if err != nil || n < 0 || f.Value[0] == '+' || h.hasLength && n != h.length {
+			h.malformed = true
+		}
+		h.length, h.hasLength = n, true
 	case "te":
 		if f.Value != "trailers" {
 			h.malformed = true

@@ -38,9 +38,12 @@ const (
 // Options bound what a client may hold of the server. Zero fields take
 // the defaults above.
 type Options struct {
-	// MaxConcurrentStreams is advertised in SETTINGS and enforced: a call
-	// beyond it is refused (RST_STREAM REFUSED_STREAM). A call whose
-	// stream the client reset counts until its handler returns.
+	// MaxConcurrentStreams is advertised in SETTINGS and enforced: a
+	// stream beyond it is refused (RST_STREAM REFUSED_STREAM). A call
+	// counts until it is answered (its answer waiting for the client's
+	// window included), or, once the client reset it, until its handler
+	// returns; so does a request that is not a gRPC call (see
+	// refusal.go).
 	MaxConcurrentStreams uint32
 	// MaxRecvMsgSize is the largest request message; a larger one is
 	// answered RESOURCE_EXHAUSTED.

@@ -55,7 +55,8 @@ func shrinkLocked(s *stream) {
 }
 
 // pushLocked sends what the windows allow of s's waiting bytes, then its
-// trailers if it has them; it reports whether nothing waits.
+// trailers if it has them (or the last DATA frame ends the stream, when
+// s.sh.endData); it reports whether nothing waits.
 func (c *conn) pushLocked(s *stream) bool {
 	if s.sh.reset {
 		return true
@@ -65,7 +66,11 @@ func (c *conn) pushLocked(s *stream) bool {
 		if n <= 0 {
 			return false
 		}
-		c.sh.wbuf = appendFrameHeader(c.sh.wbuf, int(n), frameData, 0, s.id)
+		var flags byte
+		if s.sh.endData && s.sh.outOff+int(n) == len(*s.sh.out) {
+			flags = flagEndStream
+		}
+		c.sh.wbuf = appendFrameHeader(c.sh.wbuf, int(n), frameData, flags, s.id)
 		c.sh.wbuf = append(c.sh.wbuf, (*s.sh.out)[s.sh.outOff:s.sh.outOff+int(n)]...)
 		s.sh.outOff += int(n)
 		c.sh.sendWindow -= n
@@ -78,9 +83,12 @@ func (c *conn) pushLocked(s *stream) bool {
 	if s.sh.trailers != nil {
 		c.sh.wbuf = appendHeaderBlock(c.sh.wbuf, s.id, s.sh.trailers, true, c.sh.maxFrame)
 		s.sh.trailers = nil
-		delete(c.sh.streams, s.id)
-		c.finishLocked(s)
+	} else if !s.sh.endData {
+		return true
 	}
+	s.sh.endData = false
+	delete(c.sh.streams, s.id)
+	c.finishLocked(s)
 	return true
 }
 
