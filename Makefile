@@ -63,14 +63,26 @@ lint:
 ALLOC_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' -E '^func Test[A-Za-z0-9_]*Allocates' . | grep -v '^\./e2e/')))
 
 # test runs every unit and integration test against real Redis, with the race
-# detector, then prints the sliding_window_counter accuracy report. The e2e
-# module's tests without the e2e tag (the deployment files, the chart's
-# README, the version) run too. CI runs make lint beside it. The tests that
-# call t.Parallel mostly wait (on Redis servers and clusters starting, on
-# processes of their own, on file watches): four of a package run at once.
+# detector (test-race), the e2e module's tests without the e2e tag (the
+# deployment files, the chart's README, the version: test-files), and the
+# allocation tests without the race detector, then prints the
+# sliding_window_counter accuracy report (test-allocs). The three run at once,
+# each one's output shown whole when it ends: the race run mostly waits (on
+# Redis servers and clusters starting, processes of their own, file watches),
+# and four of a package's tests that call t.Parallel run at once. CI runs make
+# lint beside it.
 test:
+	@$(MAKE) --no-print-directory -j3 -Otarget test-race test-files test-allocs
+
+.PHONY: test-race test-files test-allocs
+test-race:
 	$(GO) test -race -shuffle=on -count=1 -parallel 4 $(PKGS)
-	cd e2e && $(GO) test -count=1 ./...
+
+# The tests run make themselves: they get none of this make's job server.
+test-files:
+	cd e2e && env -u MAKEFLAGS -u MFLAGS $(GO) test -count=1 ./...
+
+test-allocs:
 	$(GO) test -count=1 -run 'Allocates' $(ALLOC_PKGS)
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'
 

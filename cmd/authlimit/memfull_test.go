@@ -10,6 +10,7 @@ import (
 // with fresh API keys does not get /login back: the full store refuses the
 // new keys (rate-limited, counted) instead of evicting the login's state.
 func TestFloodOfNewKeysKeepsAnExhaustedLimit(t *testing.T) {
+	t.Parallel()
 	app := startApp(t, map[string]string{
 		"AUTHLIMIT_RULES":           "name=login path=/login limit=3/10m; name=api key=header:X-Api-Key limit=100/1h path=/api",
 		"AUTHLIMIT_MEMORY_MAX_KEYS": "2000",

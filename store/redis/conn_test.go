@@ -361,6 +361,7 @@ func TestDecideConnReadOnly(t *testing.T) {
 // TestDecideConnSentinelFailover: with Sentinel, the decide connections go
 // to the master Sentinel names, and after a failover to the new one.
 func TestDecideConnSentinelFailover(t *testing.T) {
+	t.Parallel()
 	s := redistest.NewSentinelTopology(t)
 	client := s.Client(t, func(o *goredis.FailoverOptions) { o.MaxRetries, o.ContextTimeoutEnabled = -1, true })
 	rs := New(client, Options{Prefix: s.Prefix(t), Timeout: time.Second, Conns: 2})

@@ -19,6 +19,7 @@ import (
 // consumes meanwhile, in both stores, across the whole range a policy
 // accepts.
 func TestRetryAfterSuffices(t *testing.T) {
+	t.Parallel()
 	clock := algotest.NewClock(algotest.Epoch)
 	stores := bothStores(t, clock)
 	seed := uint64(time.Now().UnixNano())
@@ -67,6 +68,7 @@ func TestRetryAfterSuffices(t *testing.T) {
 // TestGCRAIsExactAtHighRates: the debt GCRA keeps stays exact however high
 // the rate, so a burst admits exactly the burst and a flood exactly the rate.
 func TestGCRAIsExactAtHighRates(t *testing.T) {
+	t.Parallel()
 	clock := algotest.NewClock(algotest.Epoch.Add(3 * time.Hour))
 	for _, st := range bothStores(t, clock) {
 		t.Run(st.name, func(t *testing.T) {

@@ -40,6 +40,7 @@ func usePreviousScript(t *testing.T, rs *Store) {
 // rolling upgrade a replica of either release reads, and counts on, the
 // state the other wrote.
 func TestRollingUpgradeSharesState(t *testing.T) {
+	t.Parallel()
 	sequences := 600
 	if testing.Short() {
 		sequences = 100
