@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"gopkg.in/yaml.v3"
@@ -46,17 +48,44 @@ func check(t *testing.T, env map[string]string) string {
 	return string(out)
 }
 
-// buildAuthlimit builds authlimit into the test's temporary directory and
-// returns the binary's path.
+// builtAuthlimit is authlimit as buildAuthlimit built it, once per test
+// run, in a directory TestMain removes (removeBuiltAuthlimit).
+var builtAuthlimit struct {
+	once      sync.Once
+	dir, path string
+	err       error
+}
+
+// buildAuthlimit builds authlimit, once per test run, and returns the
+// binary's path.
 func buildAuthlimit(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "authlimit")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/authlimit")
-	build.Dir = repoRoot(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	root := repoRoot(t)
+	builtAuthlimit.once.Do(func() {
+		dir, err := os.MkdirTemp("", "authlimit-files-")
+		if err != nil {
+			builtAuthlimit.err = err
+			return
+		}
+		builtAuthlimit.dir, builtAuthlimit.path = dir, filepath.Join(dir, "authlimit")
+		build := exec.Command("go", "build", "-o", builtAuthlimit.path, "./cmd/authlimit")
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			builtAuthlimit.err = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if builtAuthlimit.err != nil {
+		t.Fatal(builtAuthlimit.err)
 	}
-	return bin
+	return builtAuthlimit.path
+}
+
+// removeBuiltAuthlimit removes what buildAuthlimit built, if anything.
+func removeBuiltAuthlimit() {
+	builtAuthlimit.once.Do(func() {}) // waits for a build under way
+	if builtAuthlimit.dir != "" {
+		_ = os.RemoveAll(builtAuthlimit.dir)
+	}
 }
 
 func TestComposeFile(t *testing.T) {

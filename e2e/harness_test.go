@@ -61,6 +61,7 @@ func run(m *testing.M) int {
 		if bins.dir != "" {
 			_ = os.RemoveAll(bins.dir)
 		}
+		removeBuiltAuthlimit()
 	}()
 	if err := findBinaries(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
