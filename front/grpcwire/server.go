@@ -87,7 +87,7 @@ type Options struct {
 	// WriteTimeout bounds each write to the socket (a write gets at least
 	// half of it), how long a response may wait for the client to open
 	// its flow-control window, and how long a connection may have more
-	// than maxBacklog (1 MiB) waiting to be written: its client is not
+	// than maxBacklog (256 KiB) waiting to be written: its client is not
 	// read meanwhile, and is cut off after it.
 	WriteTimeout time.Duration
 	// RequestTimeout bounds a request, from its HEADERS to the end of its

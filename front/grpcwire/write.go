@@ -174,7 +174,7 @@ func (c *conn) flushLocked() {
 // connection may have waiting to be written, the write under way
 // included, before its reader stops reading its client (see
 // waitBacklog).
-const maxBacklog = 1 << 20
+const maxBacklog = 256 << 10
 
 // errSlowReader ends a connection whose client has not read its answers
 // down to maxBacklog within WriteTimeout.
