@@ -183,10 +183,14 @@ var errSlowReader = errors.New("the client reads its answers too slowly")
 // waitBacklog holds the reader while more than maxBacklog bytes wait to
 // be written (on the reader): a client that does not read its answers
 // is not read either, so it cannot make the server queue more for it,
-// whatever the budget has left, as x/net's server stops a client whose
-// frames queue up unwritten. The socket's write deadline ends a write
-// that makes no progress; a client that reads, but too slowly to bring
-// the backlog down within WriteTimeout, is cut off as well.
+// whatever the budget has left. x/net's server bounds the same thing
+// otherwise: a handler's write waits until its frame is written, and
+// too many control frames waiting end the connection. Here an answer is
+// queued and its handler freed at once (a worker, or a store's batch,
+// must not wait for one client), so the bound is the connection's. The
+// socket's write deadline ends a write that makes no progress; a client
+// that reads, but too slowly to bring the backlog down within
+// WriteTimeout, is cut off as well.
 func (c *conn) waitBacklog() error {
 	if !c.over.Load() {
 		return nil
