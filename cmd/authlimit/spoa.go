@@ -64,7 +64,7 @@ func (a *app) newSPOA(s *settings) error {
 	})
 	protocol := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authlimit_spoa_protocol_errors_total",
-		Help: "Connections the SPOE agent ended with AGENT-DISCONNECT for a frame that breaks SPOP, by SPOP status code (3 frame too big, 4 invalid frame, 10 fragmentation, 13 memory budget spent, ...).",
+		Help: "Connections the SPOE agent ended with AGENT-DISCONNECT for a frame that breaks SPOP, by SPOP status code (3 frame too big, 4 invalid frame, 10 fragmentation, 13 no room in AUTHLIMIT_MAX_BUFFERED_BYTES for a frame, ...).",
 	}, []string{"status"})
 	if err := registerAll(a.reg, accepted, refused, protocol); err != nil {
 		return err
@@ -73,6 +73,7 @@ func (a *app) newSPOA(s *settings) error {
 		Handler:       agent,
 		Trusted:       s.trusted,
 		Conns:         a.connCap,
+		Budget:        a.budget,
 		HelloTimeout:  serverTimeouts.Read,
 		FrameTimeout:  serverTimeouts.Read,
 		IdleTimeout:   serverTimeouts.Idle,

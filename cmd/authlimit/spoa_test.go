@@ -47,6 +47,25 @@ func TestSPOAAgent(t *testing.T) {
 	})
 }
 
+// TestSPOAUnderBudget: a frame the agent has not finished reading counts
+// in AUTHLIMIT_MAX_BUFFERED_BYTES, as the other ports' unfinished requests
+// do, and is given back once its connection closes.
+func TestSPOAUnderBudget(t *testing.T) {
+	app := startApp(t, map[string]string{"AUTHLIMIT_SPOA_LISTEN": "127.0.0.1:0"})
+	c, err := spoatest.Dial(app.app.spoa.listener.Addr().String(), 16380)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := spoatest.Request{Src: netip.MustParseAddr("203.0.113.7"), Method: "GET", Target: "/", Headers: []string{"Host", "localhost", "X-Held", strings.Repeat("h", 10<<10)}}
+	if err := c.Start(r, 1024); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the unfinished frame counted", func() bool { return app.app.budget.Used() >= 10<<10 })
+	_ = c.Close()
+	waitFor(t, "the closed connection's bytes given back", func() bool { return app.app.budget.Used() == 0 })
+}
+
 // TestSPOAConfig: AUTHLIMIT_SPOA_LISTEN must be host:port, and needs
 // trusted proxies to take connections from; -check says where it listens.
 func TestSPOAConfig(t *testing.T) {

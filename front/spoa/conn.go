@@ -11,6 +11,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // conn is one connection from HAProxy. One goroutine, the reader, runs
@@ -23,6 +25,10 @@ type conn struct {
 	nc   net.Conn
 	peer netip.Addr
 
+	// hold is the connection's share of Options.Budget: the large frame
+	// it reads.
+	hold *membudget.Holder
+
 	// The reader's own.
 	br  *bufio.Reader
 	rdl time.Time // the socket's read deadline
@@ -34,6 +40,9 @@ type conn struct {
 	// flushFn is flush, made once: a goroutine started with it
 	// allocates nothing.
 	flushFn func()
+	// now writes what the socket takes at once (nil if nc is not a
+	// socket): see flushLocked.
+	now *nowWriter
 
 	// room is signalled (without waiting) when an answer leaves the
 	// flight or the written buffer drains: the reader waits on it for
@@ -65,6 +74,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 		done:     make(chan struct{}),
 	}
 	c.flushFn = c.flush
+	c.now = newNowWriter(nc)
+	c.hold = s.opts.Budget.Holder(func() { go c.evicted() })
 	return c
 }
 
@@ -136,7 +147,7 @@ func (c *conn) handshake() bool {
 	c.maxFrame = int(min(hl.maxFrame, uint64(c.srv.opts.MaxFrameSize)))
 	c.mu.Lock()
 	c.wbuf = appendAgentHello(c.wbuf, c.maxFrame)
-	c.flushLocked()
+	c.flushLocked(true)
 	if hl.healthcheck {
 		c.drain()
 		return false
@@ -212,7 +223,7 @@ func (c *conn) acquire() bool {
 func (c *conn) unhold() {
 	c.mu.Lock()
 	c.holding = false
-	c.flushLocked()
+	c.flushLocked(true)
 }
 
 // waitRoom waits until the connection may read another frame: fewer than
@@ -312,10 +323,11 @@ func (c *conn) frameBuffered() bool {
 }
 
 // take reserves n bytes of the budget, waiting up to FrameTimeout for
-// them; false if they did not come, or the connection closed.
+// them; false if they did not come, or the connection closed (or was
+// evicted).
 func (c *conn) take(n int64) bool {
 	deadline := time.Now().Add(c.srv.opts.FrameTimeout)
-	for !c.srv.opts.Budget.TryTake(n) {
+	for !c.hold.Take(n) {
 		if time.Now().After(deadline) {
 			return false
 		}
@@ -332,7 +344,7 @@ func (c *conn) take(n int64) bool {
 func (c *conn) release(f []byte, large int) {
 	if large > 0 {
 		putFrameBuf(f)
-		c.srv.opts.Budget.Give(int64(large))
+		c.hold.Give(int64(large))
 		return
 	}
 	_, _ = c.br.Discard(len(f) + 4)
@@ -477,7 +489,15 @@ func (c *conn) close() {
 	c.mu.Unlock()
 	close(c.done)
 	_ = c.nc.Close()
+	c.hold.Close()
 	c.srv.forget(c)
+}
+
+// evicted closes a connection the budget evicted: it held the most when
+// another's request needed room.
+func (c *conn) evicted() {
+	c.srv.opts.Log.Debug("spoa: connection evicted: it held the most of the memory budget", "peer", c.nc.RemoteAddr().String())
+	c.close()
 }
 
 // Reply answers one NOTIFY frame: see Handler.
@@ -518,23 +538,66 @@ func (r Reply) Send(actions []byte) {
 	var at int
 	c.wbuf, at = startFrame(c.wbuf, frameAck, r.sid, r.fid)
 	c.wbuf = endFrame(append(c.wbuf, actions...), at)
-	c.flushLocked()
+	c.flushLocked(c.inflight < quietInFlight)
 }
 
-// flushLocked has what is buffered written by a goroutine of its own,
-// unless one already writes or the reader holds the answers back (see
-// holding). Answers completed meanwhile (a store's goroutine completes
-// decisions one after another) join the buffer and go out in the same
-// write: one write for many ACKs costs HAProxy and the agent less than a
-// write each. c.mu is held on entry and released on return.
-func (c *conn) flushLocked() {
+// quietInFlight is the frames in flight on a connection below which an
+// answer is written by the goroutine that completed it (see flushLocked):
+// with so few, no other answer is likely to come soon enough to share its
+// write.
+const quietInFlight = 4
+
+// flushLocked writes what is buffered, unless one already writes or the
+// reader holds the answers back (see holding). With now, it writes on the
+// calling goroutine what the socket takes at once: at low load an answer
+// then goes out without waking another goroutine, which on a busy machine
+// costs more than the write. The rest (the socket is full, or not now) is
+// written by a goroutine of its own, which waits for the socket as need
+// be; answers completed meanwhile (a store's goroutine completes a batch
+// of decisions one after another) join the buffer and go out in the same
+// write: one write for many answers costs HAProxy and the agent less than
+// a write each. c.mu is held on entry and released on return.
+func (c *conn) flushLocked(now bool) {
 	if c.flushing || c.closed || c.holding || len(c.wbuf) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	if now && c.now != nil && !c.writeNowLocked() {
+		c.mu.Unlock()
+		c.close()
+		return
+	}
+	if c.closed || len(c.wbuf) == 0 {
 		c.mu.Unlock()
 		return
 	}
 	c.flushing = true
 	c.mu.Unlock()
 	go c.flushFn()
+}
+
+// writeNowLocked writes what the socket takes of the buffer at once, with
+// c.mu released meanwhile and flushing set; what it did not take stays
+// first in the buffer. It reports false if the write failed. c.mu is held
+// on entry and on return; flushing is false on both.
+func (c *conn) writeNowLocked() bool {
+	b := c.wbuf
+	c.wbuf = c.spare[:0]
+	c.spare = nil
+	c.flushing = true
+	c.mu.Unlock()
+	n, err := c.now.writeNow(b)
+	c.mu.Lock()
+	c.flushing = false
+	if n < len(b) {
+		// The rest goes first, before what was buffered meanwhile.
+		rest := b[:copy(b, b[n:])]
+		c.wbuf, c.spare = append(rest, c.wbuf...), c.wbuf[:0]
+	} else if cap(b) <= maxPending {
+		c.spare = b[:0]
+	}
+	c.signal()
+	return err == nil
 }
 
 // flush writes until nothing is buffered, waiting on the socket as need

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"net"
 	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // TestHandshake: AGENT-HELLO answers with version 2.0, the lesser
@@ -273,10 +276,11 @@ func TestUntrustedPeer(t *testing.T) {
 
 // TestLargeFrames: a frame larger than the read buffer is read into a
 // buffer from the budget, given back once handled; with the budget spent
-// elsewhere, the connection waits FrameTimeout, then says
+// by holders none of which holds as much as the frame needs (none can be
+// evicted for it), the connection waits FrameTimeout, then says
 // AGENT-DISCONNECT with status 13.
 func TestLargeFrames(t *testing.T) {
-	b := &fixedBudget{max: 64 << 10}
+	b := membudget.New(64 << 10)
 	e := newEcho(false)
 	addr, _ := startServer(t, e, func(o *Options) { o.Budget, o.FrameTimeout = b, 200*time.Millisecond })
 	p := dial(t, addr)
@@ -288,13 +292,50 @@ func TestLargeFrames(t *testing.T) {
 			t.Fatalf("large frame %d: the handler saw %d bytes, want %d", i, len(vars["msgs"].b), len(big))
 		}
 	}
-	eventually(t, "the budget given back", func() bool { return b.used.Load() == 0 })
-	if !b.TryTake(40 << 10) {
-		t.Fatal("TryTake")
+	eventually(t, "the budget given back", func() bool { return b.Used() == 0 })
+	others := []*membudget.Holder{b.Holder(func() {}), b.Holder(func() {})}
+	for _, h := range others {
+		if !h.Take(20 << 10) {
+			t.Fatal("Take")
+		}
 	}
 	p.write(frameNotify, flagFin, 9, 1, big)
 	p.disconnected(statusResources)
-	b.Give(40 << 10)
+	for _, h := range others {
+		h.Close()
+	}
+}
+
+// TestBudgetShared: a large frame's bytes count in the budget the other
+// ports share (AUTHLIMIT_MAX_BUFFERED_BYTES) while it is read, and an
+// agent connection that holds the most when another port's request needs
+// room is the one closed, its bytes given back.
+func TestBudgetShared(t *testing.T) {
+	b := membudget.New(64 << 10)
+	addr, _ := startServer(t, newEcho(false), func(o *Options) { o.Budget = b })
+	p := dial(t, addr)
+	p.hello(65532)
+	big := encodeMessage("authlimit", str("headers", string(bytes.Repeat([]byte{'h'}, 40<<10))))
+	f := frame(frameNotify, flagFin, 1, 1, big)
+	// The frame's length and its first bytes: the agent takes room for
+	// all of it and waits for the rest.
+	if _, err := p.nc.Write(f[:1024]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the frame's bytes counted in the shared budget", func() bool { return b.Used() >= 40<<10 })
+	evicted := make(chan struct{})
+	other := b.Holder(func() { close(evicted) })
+	defer other.Close()
+	if !other.Take(40 << 10) {
+		t.Fatal("another port's request was refused room the agent's connection held")
+	}
+	p.closed()
+	eventually(t, "the agent's bytes given back", func() bool { return b.Used() == 40<<10 })
+	select {
+	case <-evicted:
+		t.Fatal("the other holder was evicted, not the agent's connection")
+	default:
+	}
 }
 
 // TestShutdown: Shutdown stops accepting, lets the frames in flight be
@@ -452,3 +493,62 @@ func (h *hookConn) Write(b []byte) (int, error) {
 }
 
 func (h *hookConn) SetWriteDeadline(time.Time) error { return nil }
+
+// TestWriteNowRest: what the socket does not take at once stays first in
+// the buffer, before an answer buffered after it, and goes out whole
+// once the peer reads: the peer gets every byte, in order.
+func TestWriteNowRest(t *testing.T) {
+	s, err := NewServer(Options{Handler: newEcho(false), Trusted: loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	peer, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	nc, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newConn(s, nc)
+	defer c.close()
+	if c.now == nil {
+		t.Skip("no write without waiting on this platform")
+	}
+	// More than the two sockets' buffers hold (Linux grows each to a
+	// few MiB at most).
+	want := make([]byte, 32<<20)
+	for i := range want {
+		want[i] = byte(i % 251)
+	}
+	c.wbuf = append(c.wbuf, want...)
+	c.mu.Lock()
+	if !c.writeNowLocked() {
+		t.Fatal("the write failed")
+	}
+	rest := len(c.wbuf)
+	c.wbuf = append(c.wbuf, "later answer"...)
+	c.mu.Unlock()
+	if rest == 0 || rest == len(want) {
+		t.Fatalf("the socket took %d of %d bytes at once: want some, not all", len(want)-rest, len(want))
+	}
+	want = append(want, "later answer"...)
+
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(want))
+		_ = peer.SetReadDeadline(time.Now().Add(30 * time.Second))
+		n, _ := io.ReadFull(peer, b)
+		got <- b[:n]
+	}()
+	c.drain()
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("the peer got %d bytes, want %d, in order", len(b), len(want))
+	}
+}

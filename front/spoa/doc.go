@@ -35,10 +35,12 @@
 //
 // # Bounds
 //
-// A connection reads frames of up to 4 KiB in place in its read buffer; a
-// larger one (up to the max-frame-size settled, at most MaxFrameSize) into
-// a buffer taken from a Budget shared by all connections, waiting for it
-// up to FrameTimeout. At most MaxInFlight frames of a connection, and
+// A connection reads one frame at a time: one of up to 4 KiB in place in
+// its read buffer; a larger one (up to the max-frame-size settled, at most
+// MaxFrameSize) into a buffer whose bytes it takes from Options.Budget,
+// the memory budget the other ports share, waiting for them up to
+// FrameTimeout. A connection that holds the most of it when another's
+// request needs room is closed (see membudget). At most MaxInFlight frames of a connection, and
 // MaxInFlightTotal of all, are being decided or wait for their ACK to be
 // written, and a connection holds at most 256 KiB of ACKs unwritten: past
 // any of these, it reads nothing more until answers leave. A connection

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/authlimit/authlimit/internal/conncap"
+	"github.com/authlimit/authlimit/internal/membudget"
 )
 
 // Handler answers NOTIFY frames.
@@ -43,9 +44,12 @@ type Options struct {
 	// Default 16384.
 	MaxInFlightTotal int
 	// Budget bounds the bytes held for frames larger than a connection's
-	// read buffer (4 KiB), over all connections. Default: DefaultBudget
-	// bytes of this Server's own.
-	Budget Budget
+	// read buffer (4 KiB) over all connections, and over the other ports
+	// that share it (AUTHLIMIT_MAX_BUFFERED_BYTES): each connection is a
+	// holder, evicted (closed) when it holds the most and another's
+	// request needs room (see membudget). Nil bounds them only per
+	// connection: one frame of at most MaxFrameSize at a time.
+	Budget *membudget.Budget
 	// Conns caps the open connections, with other listeners sharing it;
 	// nil takes every connection.
 	Conns *conncap.Cap
@@ -125,9 +129,6 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.MaxInFlightTotal <= 0 {
 		opts.MaxInFlightTotal = DefaultMaxInFlightTotal
-	}
-	if opts.Budget == nil {
-		opts.Budget = &fixedBudget{max: DefaultBudget}
 	}
 	for _, d := range []*time.Duration{&opts.HelloTimeout, &opts.FrameTimeout, &opts.WriteTimeout} {
 		if *d <= 0 {

@@ -131,15 +131,30 @@ func (c *Client) Ask(r Request) (map[string]string, error) {
 	return readActions(p)
 }
 
+// Start sends the first n bytes of the NOTIFY frame Ask would send for r,
+// and nothing more: the agent waits for the rest.
+func (c *Client) Start(r Request, n int) error {
+	c.sid++
+	b := frame(3, c.sid, 1, r.Message())
+	_ = c.nc.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err := c.nc.Write(b[:min(n, len(b))])
+	return err
+}
+
 // write writes a frame with FIN.
 func (c *Client) write(typ byte, sid, fid uint64, p []byte) error {
+	_ = c.nc.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err := c.nc.Write(frame(typ, sid, fid, p))
+	return err
+}
+
+// frame is a frame with FIN.
+func frame(typ byte, sid, fid uint64, p []byte) []byte {
 	b := []byte{0, 0, 0, 0, typ, 0, 0, 0, 1}
 	b = appendVarint(appendVarint(b, sid), fid)
 	b = append(b, p...)
 	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
-	_ = c.nc.SetDeadline(time.Now().Add(10 * time.Second))
-	_, err := c.nc.Write(b)
-	return err
+	return b
 }
 
 // read reads a frame.
