@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/authlimit/authlimit/internal/conncap"
 	"github.com/authlimit/authlimit/internal/membudget"
 )
 
@@ -174,21 +175,29 @@ func slowReader(t *testing.T, addr string) *raw {
 
 // TestSlowReaderBacklogCounted: the answers waiting behind a write to a
 // client that does not read are counted in the budget while they wait
-// (all of its calls answered, nothing else is held), and given back when
-// the connection ends.
+// (all of its calls read answered, nothing else is held), and given back
+// when the connection ends.
 func TestSlowReaderBacklogCounted(t *testing.T) {
 	b := membudget.New(256 << 20)
 	_, _, _, addr := testServer(t, Options{Budget: b, WriteTimeout: time.Minute, MaxConcurrentStreams: 1 << 20})
 	r := slowReader(t, addr)
 	msg := message(t, &wrapperspb.BytesValue{Value: bytes.Repeat([]byte{'z'}, 12<<10)})
 	block := r.block(grpcHeaders(echoPath)...)
-	const calls = 1000 // 12 MB of answers: more than loopback's socket buffers hold
+	// 12 MB of answers: more than loopback's socket buffers hold. The
+	// server stops reading once maxBacklog waits (TestSlowReaderStopped):
+	// the writes stall then.
+	const calls = 1000
 	for i := range calls {
 		id := uint32(2*i + 1)
-		if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}); err != nil {
-			t.Fatal(err)
+		_ = r.c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
+		if err == nil {
+			err = r.fr.WriteData(id, true, msg)
 		}
-		if err := r.fr.WriteData(id, true, msg); err != nil {
+		if isTimeout(err) {
+			break
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -205,8 +214,8 @@ func TestSlowReaderBacklogCounted(t *testing.T) {
 		}
 		last = used
 	}
-	if last < 1<<20 {
-		t.Errorf("with answers waiting behind a blocked write, the budget holds %d bytes, want their bytes (at least 1 MiB)", last)
+	if last < maxBacklog/2 {
+		t.Errorf("with answers waiting behind a blocked write, the budget holds %d bytes, want their bytes (at least %d)", last, maxBacklog/2)
 	}
 	_ = r.c.Close()
 	waitUsed(t, b, 0)
@@ -225,13 +234,12 @@ func TestSlowReaderGivesBack(t *testing.T) {
 	b := membudget.New(limit)
 	_, _, _, addr := testServer(t, Options{Budget: b, WriteTimeout: time.Minute, MaxConcurrentStreams: 1 << 20})
 	r := slowReader(t, addr)
+	// A write the server no longer reads (it stops once maxBacklog
+	// waits) fails here, not after the server's WriteTimeout.
+	_ = r.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	msg := message(t, &wrapperspb.BytesValue{Value: bytes.Repeat([]byte{'z'}, 100)})
 	block := r.block(grpcHeaders(echoPath)...)
 	for id := uint32(1); ; id += 2 {
-		// A write the server no longer reads fails here, not after its
-		// read timeout: each call's writes have seconds to go out, far
-		// more than a server that still reads takes on a busy machine.
-		_ = r.c.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
 		if err == nil {
 			err = r.fr.WriteData(id, true, msg)
@@ -242,5 +250,64 @@ func TestSlowReaderGivesBack(t *testing.T) {
 	}
 	t.Logf("the budget held %d bytes at most of %d", b.Peak(), limit)
 	_ = r.c.Close()
+	waitUsed(t, b, 0)
+}
+
+// TestSlowReaderStopped: a client that makes whole calls and never reads
+// their answers (its windows wide open, so nothing waits for a window) is
+// no longer read once maxBacklog bytes wait to be written: its writes
+// stall while its connection is open, and what it makes the server hold
+// stays near maxBacklog, however much budget is left (it grew without
+// bound until the write timeout before). Then, its backlog never read
+// down, it is cut off within WriteTimeout, and every byte comes back.
+func TestSlowReaderStopped(t *testing.T) {
+	const writeTimeout = 5 * time.Second
+	b := membudget.New(256 << 20)
+	conns := conncap.New(100, nil)
+	_, _, _, addr := testServer(t, Options{Budget: b, Conns: conns, WriteTimeout: writeTimeout, MaxConcurrentStreams: 1 << 20})
+	r := rawDial(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: maxWindow})
+	if err := r.fr.WriteWindowUpdate(0, maxWindow-defaultWindow); err != nil {
+		t.Fatal(err)
+	}
+	msg := message(t, &wrapperspb.BytesValue{Value: bytes.Repeat([]byte{'z'}, 100)})
+	block := r.block(grpcHeaders(echoPath)...)
+	// 400,000 calls are about 60 MB of answers: far more than the
+	// sockets' buffers and maxBacklog hold.
+	const calls = 400000
+	stalled := false
+	for id := uint32(1); id < 2*calls; id += 2 {
+		_ = r.c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
+		if err == nil {
+			err = r.fr.WriteData(id, true, msg)
+		}
+		if isTimeout(err) {
+			stalled = true
+			break
+		}
+		if err != nil {
+			t.Fatalf("call %d: %v, before the server stopped reading", id/2, err)
+		}
+	}
+	if !stalled {
+		t.Fatalf("the server read %d calls whose answers were never read", calls)
+	}
+	if conns.Open() != 1 {
+		t.Fatal("the connection closed before its writes stalled")
+	}
+	// What the server holds once it stopped reading: the backlog (its
+	// buffers' capacity beyond backlogFree, counted while a write is
+	// under way), and no call.
+	for b.Used() > 3*maxBacklog {
+		if conns.Open() == 0 {
+			t.Fatalf("the budget held %d bytes at most, the connection's end aside, want at most %d", b.Peak(), 3*maxBacklog)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for deadline := time.Now().Add(writeTimeout + 20*time.Second); conns.Open() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection whose client reads nothing was not cut off")
+		}
+	}
 	waitUsed(t, b, 0)
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -75,6 +76,10 @@ type conn struct {
 	mu  sync.Mutex
 	sh  sharedState
 	raw rawWrite
+	// over is set, under mu, when more than maxBacklog bytes wait to be
+	// written, and cleared by the reader once they no longer do: the
+	// reader looks at it after every frame without taking mu.
+	over atomic.Bool
 }
 
 // readerState is what only the connection's reading goroutine touches.
@@ -114,7 +119,9 @@ type readerState struct {
 // sharedState is what the reader, the handlers and the writers share,
 // under conn.mu.
 type sharedState struct {
-	// flushed is signalled when a writer stops flushing.
+	// flushed is signalled when a writer stops flushing, when the
+	// connection closes, and after each write while the reader waits
+	// for the backlog (see waitBacklog).
 	flushed     sync.Cond
 	streams     map[uint32]*stream
 	active      int // calls counted against MaxConcurrentStreams
@@ -124,6 +131,8 @@ type sharedState struct {
 	wdl         time.Time // the socket's write deadline (by the one writing)
 	queued      int       // control frames queued since the last write began
 	wcharged    int64     // what wbuf counts in the budget (see chargeBacklogLocked)
+	writing     int       // the bytes of the write under way
+	backlogWait bool      // the reader waits for the backlog to shrink
 	sendWindow  int64
 	peerWindow  int64 // the peer's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame    int
@@ -437,6 +446,9 @@ func (c *conn) readFrames() error {
 		if c.rd.flooded {
 			return errFlood
 		}
+		if err := c.waitBacklog(); err != nil {
+			return err
+		}
 	}
 }
 
@@ -476,6 +488,7 @@ func (c *conn) closeLocked() bool {
 		return false
 	}
 	c.sh.closed = true
+	c.sh.flushed.Broadcast()
 	for _, s := range c.sh.streams {
 		s.ctx.endLocked(context.Canceled)
 	}

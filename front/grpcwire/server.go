@@ -85,8 +85,10 @@ type Options struct {
 	// started none for that long, with GOAWAY.
 	IdleTimeout time.Duration
 	// WriteTimeout bounds each write to the socket (a write gets at least
-	// half of it), and how long a response may wait for the client to
-	// open its flow-control window.
+	// half of it), how long a response may wait for the client to open
+	// its flow-control window, and how long a connection may have more
+	// than maxBacklog (256 KiB) waiting to be written: its client is not
+	// read meanwhile, and is cut off after it.
 	WriteTimeout time.Duration
 	// RequestTimeout bounds a request, from its HEADERS to the end of its
 	// message: one that takes longer is reset (CANCEL), within a quarter

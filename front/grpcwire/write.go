@@ -1,6 +1,7 @@
 package grpcwire
 
 import (
+	"errors"
 	"syscall"
 	"time"
 )
@@ -127,6 +128,7 @@ func (c *conn) flushLocked() {
 	for len(sh.wbuf) > 0 && !sh.closed {
 		b, charged := sh.wbuf, sh.wcharged
 		sh.wbuf, sh.queued, sh.wcharged = sh.spare[:0], 0, 0
+		sh.writing = len(b)
 		c.mu.Unlock()
 		err := c.writeDeadline()
 		if err == nil {
@@ -134,6 +136,10 @@ func (c *conn) flushLocked() {
 		}
 		c.hold.Give(charged)
 		c.mu.Lock()
+		sh.writing = 0
+		if sh.backlogWait {
+			sh.flushed.Broadcast()
+		}
 		if cap(b) <= keptBuf {
 			sh.spare = b[:0]
 		} else {
@@ -164,6 +170,63 @@ func (c *conn) flushLocked() {
 	}
 }
 
+// maxBacklog is the most bytes of answers and control frames a
+// connection may have waiting to be written, the write under way
+// included, before its reader stops reading its client (see
+// waitBacklog).
+const maxBacklog = 256 << 10
+
+// errSlowReader ends a connection whose client has not read its answers
+// down to maxBacklog within WriteTimeout.
+var errSlowReader = errors.New("the client reads its answers too slowly")
+
+// waitBacklog holds the reader while more than maxBacklog bytes wait to
+// be written (on the reader): a client that does not read its answers
+// is not read either, so it cannot make the server queue more for it,
+// whatever the budget has left. x/net's server bounds the same thing
+// otherwise: a handler's write waits until its frame is written, and
+// too many control frames waiting end the connection. Here an answer is
+// queued and its handler freed at once (a worker, or a store's batch,
+// must not wait for one client), so the bound is the connection's. The
+// socket's write deadline ends a write that makes no progress; a client
+// that reads, but too slowly to bring the backlog down within
+// WriteTimeout, is cut off as well.
+func (c *conn) waitBacklog() error {
+	if !c.over.Load() {
+		return nil
+	}
+	sh := &c.sh
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sh.writing+len(sh.wbuf) <= maxBacklog {
+		c.over.Store(false)
+		return nil
+	}
+	deadline := time.Now().Add(c.srv.opts.WriteTimeout)
+	wake := time.AfterFunc(c.srv.opts.WriteTimeout, func() {
+		c.mu.Lock()
+		c.sh.flushed.Broadcast()
+		c.mu.Unlock()
+	})
+	defer wake.Stop()
+	sh.backlogWait = true
+	defer func() { sh.backlogWait = false }()
+	for sh.writing+len(sh.wbuf) > maxBacklog && !sh.closed {
+		if !time.Now().Before(deadline) {
+			c.srv.opts.Log.Debug("grpc connection cut off: its client does not read its answers", "remote", c.nc.RemoteAddr().String(), "backlog", sh.writing+len(sh.wbuf))
+			if c.closeLocked() {
+				c.mu.Unlock()
+				_ = c.nc.Close()
+				c.mu.Lock()
+			}
+			return errSlowReader
+		}
+		sh.flushed.Wait()
+	}
+	c.over.Store(false)
+	return nil
+}
+
 // backlogFree is the part of the bytes queued behind a write under way
 // that the memory budget does not count: a connection's own buffer,
 // which Options.MaxConns bounds.
@@ -179,6 +242,9 @@ const backlogFree = keptBuf
 // end a client that does not read what they queue.
 func (c *conn) chargeBacklogLocked() {
 	sh := &c.sh
+	if sh.writing+len(sh.wbuf) > maxBacklog {
+		c.over.Store(true)
+	}
 	want := int64(max(cap(sh.wbuf)-backlogFree, 0))
 	if want <= sh.wcharged {
 		return
