@@ -59,13 +59,19 @@ lint:
 
 # ALLOC_PKGS are the packages with allocation tests (Test...Allocates...):
 # make test runs them again without the race detector, which allocates on
-# its own (they skip under it). Found by name, so a new one is never left out.
+# its own (they skip under it). HEAVY_PKGS are the packages with tests heavy
+# by design (TestHeavy..., which call race.Heavy: hundreds of thousands of
+# decisions, whose concurrency smaller tests cover under the race detector,
+# which costs them five to ten times the CPU): make test runs them without
+# the race detector (they skip under it). Both found by name, so a new one is
+# never left out: race.Heavy fails a test not named TestHeavy....
 ALLOC_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' -E '^func Test[A-Za-z0-9_]*Allocates' . | grep -v '^\./e2e/')))
+HEAVY_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' -E '^func TestHeavy' . | grep -v '^\./e2e/')))
 
 # test runs every unit and integration test against real Redis, with the race
 # detector (test-race), the e2e module's tests without the e2e tag (the
 # deployment files, the chart's README, the version: test-files), and the
-# allocation tests without the race detector, then prints the
+# allocation and heavy tests without the race detector, then prints the
 # sliding_window_counter accuracy report (test-allocs). The three run at once,
 # each one's output shown whole when it ends: the race run mostly waits (on
 # Redis servers and clusters starting, processes of their own, file watches),
@@ -83,7 +89,7 @@ test-files:
 	cd e2e && env -u MAKEFLAGS -u MFLAGS $(GO) test -count=1 ./...
 
 test-allocs:
-	$(GO) test -count=1 -run 'Allocates' $(ALLOC_PKGS)
+	$(GO) test -count=1 -run 'Allocates|^TestHeavy' $(sort $(ALLOC_PKGS) $(HEAVY_PKGS))
 	@$(GO) test -count=1 -run '^TestSlidingCounterAccuracy$$' -v ./algo | grep 'accuracy on'
 
 # e2e runs authlimit behind real nginx, nginx with Lua, Caddy, Traefik and

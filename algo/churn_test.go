@@ -9,9 +9,10 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/algo/algotest"
+	"github.com/authlimit/authlimit/internal/race"
 )
 
-var churnFor = flag.Duration("churn", 0, "run TestMemoryBoundedUnderChurn for this long instead of a few seconds' worth of churn, reporting the heap each minute (e.g. -churn 30m)")
+var churnFor = flag.Duration("churn", 0, "run TestHeavyMemoryBoundedUnderChurn for this long instead of a few seconds' worth of churn, reporting the heap each minute (e.g. -churn 30m)")
 
 // liveHeap is the heap in use after a full collection.
 func liveHeap() uint64 {
@@ -22,12 +23,15 @@ func liveHeap() uint64 {
 	return ms.HeapAlloc
 }
 
-// TestMemoryBoundedUnderChurn: a full store under sustained churn (every
+// TestHeavyMemoryBoundedUnderChurn: a full store under sustained churn (every
 // request a new key, states expiring as fast as new ones come) keeps its
 // heap at what it held once full. Go maps never shrink, and under churn a
 // map's tables keep splitting though it holds no more entries: the shards
-// rebuild their maps, so the heap follows the states, not the churn.
-func TestMemoryBoundedUnderChurn(t *testing.T) {
+// rebuild their maps, so the heap follows the states, not the churn. Some
+// 900,000 decisions from one goroutine: make test runs it without the race
+// detector.
+func TestHeavyMemoryBoundedUnderChurn(t *testing.T) {
+	race.Heavy(t)
 	const max = 20_000
 	clock := algotest.NewClock(algotest.Epoch)
 	m := algo.NewMemory(algo.MemoryOptions{MaxKeys: max, Clock: clock.Now, SweepInterval: -1})

@@ -7,19 +7,22 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
 // floodKeys is how many fresh X-Api-Key values the flood sends.
 const floodKeys = 20000
 
-// TestHeaderKeyFloodRedisMemory measures what a rule keyed only by a
+// TestHeavyHeaderKeyFloodRedisMemory measures what a rule keyed only by a
 // header costs Redis when one client sends a fresh value with every
 // request: a key per value, kept for the window, however many the client
 // invents (README's rule guidance). Paired with a per-IP rule, the flood
 // creates no more header keys than the per-IP limit admits: a request the
-// per-IP rule denies writes nothing.
-func TestHeaderKeyFloodRedisMemory(t *testing.T) {
+// per-IP rule denies writes nothing. 40,000 requests, one after another:
+// make test runs it without the race detector.
+func TestHeavyHeaderKeyFloodRedisMemory(t *testing.T) {
+	race.Heavy(t)
 	t.Parallel()
 	flood := func(t *testing.T, rules string) (keys int64, perKey float64) {
 		t.Helper()

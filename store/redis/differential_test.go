@@ -11,6 +11,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/algo/algotest"
+	"github.com/authlimit/authlimit/internal/race"
 )
 
 var windows = []time.Duration{
@@ -85,14 +86,29 @@ func randomGap(rng *rand.Rand, p *algo.Policy) time.Duration {
 // random sequences (random rules, keys, costs and gaps) and requires
 // identical answers, field for field: requests of any rules, and requests
 // of several rules none of which is a sliding_window_log, which decide.lua
-// reads in its flat layout and decides in a path of its own.
+// reads in its flat layout and decides in a path of its own. It runs 200
+// sequences of each; TestHeavyDifferential, 2000.
 func TestDifferential(t *testing.T) {
+	t.Parallel()
+	differentialRuns(t, 200)
+}
+
+// TestHeavyDifferential is TestDifferential with ten times the sequences
+// (about 64,000 decisions), unless -short: make test runs it without the
+// race detector, which would cost it several times the CPU.
+func TestHeavyDifferential(t *testing.T) {
+	race.Heavy(t)
 	t.Parallel()
 	sequences := 2000
 	if testing.Short() {
 		sequences = 200
 	}
-	// Each run has stores (and a Redis server) of its own.
+	differentialRuns(t, sequences)
+}
+
+// differentialRuns runs differential of any requests and of flat ones,
+// each with stores (and a Redis server) of its own.
+func differentialRuns(t *testing.T, sequences int) {
 	t.Run("any", func(t *testing.T) { t.Parallel(); differential(t, sequences, false) })
 	t.Run("flat", func(t *testing.T) { t.Parallel(); differential(t, sequences, true) })
 }

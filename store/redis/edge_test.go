@@ -11,6 +11,7 @@ import (
 
 	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/algo/algotest"
+	"github.com/authlimit/authlimit/internal/race"
 	"github.com/authlimit/authlimit/internal/redistest"
 )
 
@@ -65,9 +66,12 @@ func TestRetryAfterSuffices(t *testing.T) {
 	t.Logf("retry-afters checked: %v", checked)
 }
 
-// TestGCRAIsExactAtHighRates: the debt GCRA keeps stays exact however high
+// TestHeavyGCRAIsExactAtHighRates: the debt GCRA keeps stays exact however high
 // the rate, so a burst admits exactly the burst and a flood exactly the rate.
-func TestGCRAIsExactAtHighRates(t *testing.T) {
+// A million decisions from one goroutine: make test runs it without the
+// race detector.
+func TestHeavyGCRAIsExactAtHighRates(t *testing.T) {
+	race.Heavy(t)
 	t.Parallel()
 	clock := algotest.NewClock(algotest.Epoch.Add(3 * time.Hour))
 	for _, st := range bothStores(t, clock) {
