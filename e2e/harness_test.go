@@ -368,23 +368,61 @@ func startAuthlimit(t *testing.T, name string, env map[string]string) *authlimit
 }
 
 // startAuthlimitOwned starts authlimit for t, stopped when owner ends.
+//
+// A port freeAddr found free may be taken before authlimit binds it (a
+// proxy's outgoing connection can get it as its source port): if authlimit
+// exits because its decision or SPOE address is in use, it starts again on
+// fresh ports, which are the ones the returned authlimit names. Any other
+// exit fails t.
 func startAuthlimitOwned(t, owner *testing.T, name string, env map[string]string) *authlimit {
 	t.Helper()
-	addr := freeAddr(t)
-	vars := []string{"PATH=" + os.Getenv("PATH"), "AUTHLIMIT_LISTEN=" + addr, "AUTHLIMIT_LOG_LEVEL=debug", "AUTHLIMIT_LOG_FORMAT=text"}
-	for k, v := range env {
-		vars = append(vars, k+"="+v)
+	spoa := env["AUTHLIMIT_SPOA_LISTEN"]
+	dir := owner.TempDir()
+	for attempt := 1; ; attempt++ {
+		addr := freeAddr(t)
+		vars := []string{"PATH=" + os.Getenv("PATH"), "AUTHLIMIT_LISTEN=" + addr, "AUTHLIMIT_LOG_LEVEL=debug", "AUTHLIMIT_LOG_FORMAT=text"}
+		for k, v := range env {
+			if k == "AUTHLIMIT_SPOA_LISTEN" {
+				v = spoa
+			}
+			vars = append(vars, k+"="+v)
+		}
+		p := startOwned(t, owner, name, bins.authlimit, nil, vars, dir)
+		if servesHealthz(t, p, addr) {
+			return &authlimit{proc: p, addr: addr, spoa: spoa}
+		}
+		log := tail(p.log, 30)
+		taken := func(a string) bool { return a != "" && strings.Contains(log, a+": bind: address already in use") }
+		if attempt >= 5 || !taken(addr) && !taken(spoa) {
+			t.Fatalf("%s exited before serving /healthz:\n%s", p.name, log)
+		}
+		if taken(spoa) {
+			spoa = freeAddr(t)
+		}
+		t.Logf("%s: a port was taken before it could bind it (attempt %d), starting it again on fresh ports", name, attempt)
 	}
-	p := startOwned(t, owner, name, bins.authlimit, nil, vars, owner.TempDir())
-	waitFor(t, p, "serving /healthz", func() bool {
-		r, err := http.Get("http://" + addr + "/healthz")
-		if err != nil {
+}
+
+// servesHealthz polls addr's /healthz until it answers 200 (true) or p
+// exits (false); it fails t after 60s.
+func servesHealthz(t *testing.T, p *proc, addr string) bool {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if r, err := http.Get("http://" + addr + "/healthz"); err == nil {
+			r.Body.Close()
+			if r.StatusCode == 200 {
+				return true
+			}
+		}
+		if p.exited() {
 			return false
 		}
-		r.Body.Close()
-		return r.StatusCode == 200
-	})
-	return &authlimit{proc: p, addr: addr, spoa: env["AUTHLIMIT_SPOA_LISTEN"]}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not serving /healthz after 60s:\n%s", p.name, tail(p.log, 30))
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
 }
 
 // backend counts what reaches it, per path, and remembers body digests.
