@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -214,13 +215,20 @@ func TestConnTimeouts(t *testing.T) {
 			}
 		}()
 		r, err := http.ReadResponse(br, nil)
-		if err != nil {
+		d := time.Since(<-first)
+		switch {
+		case errors.Is(err, syscall.ECONNRESET):
+			// The server closed the connection with a trickled byte
+			// unread, so its kernel reset it, and may have dropped the
+			// 408 with it: the close is the answer, and its time what
+			// tells that trickling did not extend the read timeout.
+			t.Logf("reset rather than answered 408, %v after the first byte", d)
+		case err != nil:
 			t.Fatalf("no answer: %v", err)
-		}
-		if r.StatusCode != 408 {
+		case r.StatusCode != 408:
 			t.Errorf("answered %d, want 408", r.StatusCode)
 		}
-		if d := time.Since(<-first); d < tm.Read || d > soon {
+		if d < tm.Read || d > soon {
 			t.Errorf("answered %v after the first byte; want the read timeout %v", d, tm.Read)
 		}
 	}
