@@ -106,11 +106,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		}
 	}()
 
-	var l net.Listener
-	if s.listenNetwork == "unix" {
-		_ = os.Remove(s.listenAddress) // a socket left by a previous run
-	}
-	l, err = net.Listen(s.listenNetwork, s.listenAddress)
+	l, err := listen(s.listenNetwork, s.listenAddress)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.Listen, err)
 	}
