@@ -28,6 +28,13 @@ type proxy struct {
 	// spoe: the proxy asks authlimit's SPOE agent (AUTHLIMIT_SPOA_LISTEN),
 	// whose address start is given instead of /auth's.
 	spoe bool
+	// unix: the SPOE agent listens on a Unix socket
+	// (AUTHLIMIT_SPOA_LISTEN=unix:<path>), and start is given its path as
+	// HAProxy's server line takes it (unix@<path>).
+	unix bool
+	// scenarios names the scenarios of TestProxies the proxy runs; nil:
+	// every one.
+	scenarios []string
 	// start runs the proxy in front of authlimit and backend and returns
 	// its address. variant selects a documented alternative ("" or
 	// "failopen"; for haproxy and haproxy-spoe also "slow", their timeout
@@ -43,6 +50,9 @@ var proxies = []proxy{
 	{name: "traefik", relaysOnAllowed: false, authlimitDown: 500, closed: 503, start: startTraefik},
 	{name: "haproxy", relaysOnAllowed: true, authlimitDown: 503, closed: 503, start: startHAProxy},
 	{name: "haproxy-spoe", relaysOnAllowed: true, authlimitDown: 503, closed: 503, spoe: true, start: startHAProxySPOE},
+	// haproxy-spoe with the agent on a Unix socket: the same file, its
+	// server line naming the socket; what differs is the hop alone.
+	{name: "haproxy-spoe-unix", relaysOnAllowed: true, authlimitDown: 503, closed: 503, spoe: true, unix: true, scenarios: []string{"limit holds", "authlimit down"}, start: startHAProxySPOE},
 }
 
 // startNginx runs nginx with nginx/example.conf (auth_request) or
