@@ -26,16 +26,45 @@ func parseListen(v, port, sock string) (network, address string, err error) {
 }
 
 // listen listens at an address parseListen read. A Unix socket's file is
-// made with the process's umask and removed when the listener closes; a
-// socket file already there (left by a run that did not close its
-// listener) is removed first, but any other file is refused, not removed.
+// made with the process's umask and removed when the listener closes,
+// unless another file has taken its path by then (another authlimit
+// started on it); a socket file already there (left by a run that did not
+// close its listener) is removed first, but any other file is refused,
+// not removed.
 func listen(network, address string) (net.Listener, error) {
-	if network == "unix" {
-		if err := removeStaleSocket(address); err != nil {
-			return nil, err
-		}
+	if network != "unix" {
+		return net.Listen(network, address)
 	}
-	return net.Listen(network, address)
+	if err := removeStaleSocket(address); err != nil {
+		return nil, err
+	}
+	ul, err := net.ListenUnix(network, &net.UnixAddr{Name: address, Net: network})
+	if err != nil {
+		return nil, err
+	}
+	made, err := os.Lstat(address)
+	if err != nil {
+		_ = ul.Close()
+		return nil, fmt.Errorf("the socket just made: %w", err)
+	}
+	ul.SetUnlinkOnClose(false)
+	return &unixListener{UnixListener: ul, path: address, made: made}, nil
+}
+
+// unixListener removes its socket file on Close if the file is still the
+// one it made.
+type unixListener struct {
+	*net.UnixListener
+	path string
+	made os.FileInfo
+}
+
+func (l *unixListener) Close() error {
+	err := l.UnixListener.Close()
+	if fi, statErr := os.Lstat(l.path); statErr == nil && os.SameFile(fi, l.made) {
+		_ = os.Remove(l.path)
+	}
+	return err
 }
 
 // removeStaleSocket removes the socket file at path, if there is one.

@@ -71,3 +71,29 @@ func TestListenUnix(t *testing.T) {
 		})
 	}
 }
+
+// TestListenUnixTakenOver: a listener whose path another listen took over
+// (another authlimit started on it) leaves the newer socket file alone
+// when it closes.
+func TestListenUnixTakenOver(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a.sock")
+	old, err := listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := listen("unix", path)
+	if err != nil {
+		t.Fatalf("listen again on %s: %v", path, err)
+	}
+	defer l.Close()
+	_ = old.Close()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("after the first listener closed, dial %s: %v, want the second's socket still there", path, err)
+	}
+	_ = c.Close()
+	_ = l.Close()
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s after the second Close: %v, want it removed", path, err)
+	}
+}

@@ -108,7 +108,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 
 	l, err := listen(s.listenNetwork, s.listenAddress)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", s.Listen, err)
+		return fmt.Errorf("listen on AUTHLIMIT_LISTEN %s: %w", s.Listen, err)
 	}
 	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules), "max_conns", s.maxConns, "open_file_limit", fdLimit)
 	if s.PprofListen != "" {
