@@ -35,6 +35,7 @@ func spoaSettings(s *settings, _ map[string]string, p *problems) {
 	}
 }
 
+// trusts reports whether one of trusted holds a.
 func trusts(trusted []netip.Prefix, a netip.Addr) bool {
 	for _, p := range trusted {
 		if p.Contains(a) {
