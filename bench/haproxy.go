@@ -3,7 +3,8 @@ package main
 // This file runs HAProxy, in the set-ups compared: alone; with the shipped
 // haproxy/haproxy-lua.cfg and haproxy/authlimit.lua in front of authlimit;
 // and with the shipped haproxy/haproxy.cfg and haproxy/spoe-authlimit.conf
-// asking authlimit's SPOE agent, or an agent that decides nothing.
+// asking authlimit's SPOE agent (over TCP or a Unix socket), or an agent
+// that decides nothing.
 
 import (
 	"context"
@@ -117,14 +118,28 @@ func startHAProxySPOEAuthlimit(ctx context.Context, e *runEnv) (*instance, error
 	if err != nil {
 		return nil, err
 	}
-	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false, ""), "AUTHLIMIT_SPOA_LISTEN="+agent)
+	return haproxySPOEAuthlimit(ctx, e, "haproxy-spoe-authlimit-redis", agent, agent)
+}
+
+// startHAProxySPOEUnixAuthlimit is haproxy-spoe-authlimit-redis with the
+// agent on a Unix socket in the run's directory
+// (AUTHLIMIT_SPOA_LISTEN=unix:<path>, HAProxy's server unix@<path>).
+func startHAProxySPOEUnixAuthlimit(ctx context.Context, e *runEnv) (*instance, error) {
+	sock := filepath.Join(e.dir, "spoa.sock")
+	return haproxySPOEAuthlimit(ctx, e, "haproxy-spoe-unix-authlimit-redis", "unix:"+sock, "unix@"+sock)
+}
+
+// haproxySPOEAuthlimit starts authlimit with its agent on listen and
+// HAProxy asking it at server, the same place as HAProxy names it.
+func haproxySPOEAuthlimit(ctx context.Context, e *runEnv, name, listen, server string) (*instance, error) {
+	al, alAddr, err := startAuthlimit(ctx, e, rulesFor(e.workload, false, ""), "AUTHLIMIT_SPOA_LISTEN="+listen)
 	if err != nil {
 		return nil, err
 	}
-	in, err := startHAProxySPOE(ctx, e, agent, al)
+	in, err := startHAProxySPOE(ctx, e, server, al)
 	if err != nil {
 		al.stop()
-		return nil, fmt.Errorf("haproxy-spoe-authlimit-redis: %w", err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	in.metrics = []string{"http://" + alAddr + "/metrics"}
 	return in, nil

@@ -63,6 +63,17 @@ func TestRenderHAProxySPOEConf(t *testing.T) {
 		t.Errorf("the frontend answers before asking authlimit:\n%s", cfg)
 	}
 	haproxyCheck(t, cfg)
+
+	// haproxy-spoe-unix-authlimit-redis: the agent on a Unix socket.
+	sock := filepath.Join(t.TempDir(), "spoa.sock")
+	cfg, err = renderHAProxySPOE(string(conf), spoe, "127.0.0.1:3", "unix@"+sock)
+	if err != nil {
+		t.Fatalf("render haproxy/haproxy.cfg for a Unix socket: %v", err)
+	}
+	if want := "server authlimit unix@" + sock + "\n"; !strings.Contains(cfg, want) {
+		t.Errorf("rendered config lacks %q:\n%s", want, cfg)
+	}
+	haproxyCheck(t, cfg)
 }
 
 // haproxyCheck has haproxy, when installed, check cfg.

@@ -6,6 +6,10 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,13 +50,21 @@ func newStack(t *testing.T, px proxy, rules, variant string, replicas ...map[str
 		if px.denyStatus != "" {
 			env["AUTHLIMIT_DENY_STATUS"] = px.denyStatus
 		}
-		if px.spoe {
+		switch {
+		case px.unix:
+			env["AUTHLIMIT_SPOA_LISTEN"] = "unix:" + filepath.Join(socketDir(t), fmt.Sprintf("spoa-%d.sock", i))
+		case px.spoe:
 			env["AUTHLIMIT_SPOA_LISTEN"] = freeAddr(t)
 		}
 		for k, v := range extra {
 			env[k] = v
 		}
 		a := startAuthlimit(t, fmt.Sprintf("authlimit-%d", i), env)
+		if path, ok := strings.CutPrefix(a.spoa, "unix:"); ok {
+			if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != fs.ModeSocket {
+				t.Fatalf("%s: AUTHLIMIT_SPOA_LISTEN=%s, but %v, %v there", px.name, a.spoa, fi, err)
+			}
+		}
 		s.authlimit = append(s.authlimit, a)
 		s.proxy = append(s.proxy, px.start(t, a.target(px), s.backend.addr, variant))
 	}
@@ -86,6 +98,9 @@ func TestProxies(t *testing.T) {
 				t.Fatalf("%s is not available: %v", px.name, err)
 			}
 			for _, sc := range scenarios {
+				if px.scenarios != nil && !slices.Contains(px.scenarios, sc.name) {
+					continue
+				}
 				t.Run(sc.name, func(t *testing.T) { sc.run(t, px) })
 			}
 		})

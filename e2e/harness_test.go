@@ -150,7 +150,7 @@ func findBinaries() error {
 	bins.haproxy, err = findHAProxy()
 	switch {
 	case err != nil:
-		bins.missing["haproxy"], bins.missing["haproxy-spoe"] = err, err
+		bins.missing["haproxy"], bins.missing["haproxy-spoe"], bins.missing["haproxy-spoe-unix"] = err, err, err
 	case !withLua(bins.haproxy):
 		bins.missing["haproxy"] = fmt.Errorf("%s was built without Lua (USE_LUA=1), which haproxy/authlimit.lua needs (Debian's haproxy has it)", bins.haproxy)
 	}
@@ -354,12 +354,29 @@ type authlimit struct {
 	spoa string
 }
 
-// target is where px asks a: the SPOE agent or /auth.
+// target is where px asks a: the SPOE agent (a Unix socket as HAProxy
+// names one, unix@<path>) or /auth.
 func (a *authlimit) target(px proxy) string {
+	if path, ok := strings.CutPrefix(a.spoa, "unix:"); ok && px.spoe {
+		return "unix@" + path
+	}
 	if px.spoe {
 		return a.spoa
 	}
 	return a.addr
+}
+
+// socketDir is a directory for Unix sockets, removed when t ends: short,
+// under the system's temporary directory, as a socket's path must be
+// (108 bytes on Linux), where t.TempDir's is named after the test.
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "authlimit-sock-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
 
 func startAuthlimit(t *testing.T, name string, env map[string]string) *authlimit {

@@ -28,6 +28,13 @@ type proxy struct {
 	// spoe: the proxy asks authlimit's SPOE agent (AUTHLIMIT_SPOA_LISTEN),
 	// whose address start is given instead of /auth's.
 	spoe bool
+	// unix: the SPOE agent listens on a Unix socket
+	// (AUTHLIMIT_SPOA_LISTEN=unix:<path>), and start is given its path as
+	// HAProxy's server line takes it (unix@<path>).
+	unix bool
+	// scenarios names the scenarios of TestProxies the proxy runs; nil:
+	// every one.
+	scenarios []string
 	// start runs the proxy in front of authlimit and backend and returns
 	// its address. variant selects a documented alternative ("" or
 	// "failopen"; for haproxy and haproxy-spoe also "slow", their timeout
@@ -43,6 +50,9 @@ var proxies = []proxy{
 	{name: "traefik", relaysOnAllowed: false, authlimitDown: 500, closed: 503, start: startTraefik},
 	{name: "haproxy", relaysOnAllowed: true, authlimitDown: 503, closed: 503, start: startHAProxy},
 	{name: "haproxy-spoe", relaysOnAllowed: true, authlimitDown: 503, closed: 503, spoe: true, start: startHAProxySPOE},
+	// haproxy-spoe with the agent on a Unix socket: the same file, its
+	// server line naming the socket; what differs is the hop alone.
+	{name: "haproxy-spoe-unix", relaysOnAllowed: true, authlimitDown: 503, closed: 503, spoe: true, unix: true, scenarios: []string{"limit holds", "authlimit down"}, start: startHAProxySPOE},
 }
 
 // startNginx runs nginx with nginx/example.conf (auth_request) or
@@ -218,7 +228,8 @@ func startHAProxy(t *testing.T, authlimit, backend, variant string) string {
 }
 
 // startHAProxySPOE runs haproxy with haproxy/haproxy.cfg and the
-// haproxy/spoe-authlimit.conf it names, asking the SPOE agent at agent.
+// haproxy/spoe-authlimit.conf it names, asking the SPOE agent at agent
+// (host:port, or unix@<path>: the file's commented Unix socket line).
 // The variant "check" adds health checks of the agent (option spop-check)
 // every 200ms; "smallframe" sets the agent's max-frame-size to 4096;
 // "tiers" takes its #tiers lines, with haproxy/plans.map.
@@ -249,7 +260,6 @@ func runHAProxySPOE(t *testing.T, agent, backend, variant string) (string, *proc
 		"config /etc/haproxy/spoe-authlimit.conf", "config " + spoe,
 		"bind 127.0.0.1:8000", "bind " + addr,
 		"server app 127.0.0.1:9000", "server app " + backend,
-		"server authlimit 127.0.0.1:12345", "server authlimit " + agent,
 	}
 	if strings.Contains(variant, "failopen") {
 		pairs = append(pairs, `set-var proc.authlimit_unreachable str("closed")`, `set-var proc.authlimit_unreachable str("open")`)
@@ -259,6 +269,13 @@ func runHAProxySPOE(t *testing.T, agent, backend, variant string) (string, *proc
 		writeFile(t, plans, string(readRepo(t, "haproxy/plans.map")))
 		pairs = append(pairs, "#tiers http-request del-header", "http-request del-header",
 			"#tiers http-request set-header X-Plan %[req.hdr(X-Api-Key),map(/etc/haproxy/plans.map,)]", "http-request set-header X-Plan %[req.hdr(X-Api-Key),map("+plans+",)]")
+	}
+	if path, ok := strings.CutPrefix(agent, "unix@"); ok {
+		// The file's Unix socket line, uncommented, in the TCP line's place.
+		pairs = append(pairs, "    server authlimit 127.0.0.1:12345\n", "",
+			"#server authlimit unix@/run/authlimit/spoa.sock", "server authlimit unix@"+path)
+	} else {
+		pairs = append(pairs, "server authlimit 127.0.0.1:12345", "server authlimit "+agent)
 	}
 	if strings.Contains(variant, "check") {
 		pairs[len(pairs)-1] += " check inter 200ms fall 1 rise 1\n    option spop-check"

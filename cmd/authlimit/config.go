@@ -126,6 +126,9 @@ type settings struct {
 	redisPlain    *goredis.Options          // standalone mode's options
 	redisDisplay  string                    // the store, credentials hidden
 	listenNetwork string
+	// spoaNetwork and spoaAddress are AUTHLIMIT_SPOA_LISTEN's ("tcp" or
+	// "unix"); empty without it.
+	spoaNetwork, spoaAddress string
 	// maxConns is AUTHLIMIT_MAX_CONNS, or when unset, once limitConns
 	// ran, derived from the open file limit (0: no cap).
 	maxConns       int
@@ -279,16 +282,11 @@ func unknownVariables(s *settings, environ map[string]string, p *problems) {
 // listenSettings reads AUTHLIMIT_LISTEN and AUTHLIMIT_PPROF_LISTEN.
 func listenSettings(s *settings, _ map[string]string, p *problems) {
 	c := &s.config
-	if strings.HasPrefix(c.Listen, "unix:") {
-		s.listenNetwork, s.listenAddress = "unix", strings.TrimPrefix(c.Listen, "unix:")
-		if s.listenAddress == "" {
-			p.add("LISTEN", errors.New(`"unix:" needs a socket path, such as unix:/run/authlimit.sock`))
-		}
-	} else if err := checkHostPort(c.Listen); err != nil {
-		p.add("LISTEN", fmt.Errorf("%q is not host:port or unix:<path> (such as :8080 or 127.0.0.1:8080): %w", c.Listen, err))
-	} else {
-		s.listenNetwork, s.listenAddress = "tcp", c.Listen
+	network, address, err := parseListen(c.Listen, ":8080", "/run/authlimit.sock")
+	if err != nil {
+		p.add("LISTEN", err)
 	}
+	s.listenNetwork, s.listenAddress = network, address
 	if c.PprofListen != "" {
 		if err := checkHostPort(c.PprofListen); err != nil {
 			p.add("PPROF_LISTEN", fmt.Errorf("%q is not host:port: %w", c.PprofListen, err))

@@ -106,13 +106,9 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		}
 	}()
 
-	var l net.Listener
-	if s.listenNetwork == "unix" {
-		_ = os.Remove(s.listenAddress) // a socket left by a previous run
-	}
-	l, err = net.Listen(s.listenNetwork, s.listenAddress)
+	l, err := listen(s.listenNetwork, s.listenAddress)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", s.Listen, err)
+		return fmt.Errorf("listen on AUTHLIMIT_LISTEN %s: %w", s.Listen, err)
 	}
 	log.Info("authlimit serving", "version", version, "listen", l.Addr().String(), "store", s.redisDisplay, "rules", len(s.rules), "max_conns", s.maxConns, "open_file_limit", fdLimit)
 	if s.PprofListen != "" {

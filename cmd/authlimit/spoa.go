@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,28 +14,47 @@ import (
 )
 
 // spoaSettings checks AUTHLIMIT_SPOA_LISTEN, the address HAProxy's SPOE
-// connects to. It takes connections from AUTHLIMIT_TRUSTED_PROXIES alone,
-// so it needs some.
+// connects to: host:port, or unix:<path> as AUTHLIMIT_LISTEN takes it. It
+// takes connections from AUTHLIMIT_TRUSTED_PROXIES alone, so it needs
+// some; a Unix socket's peer is local, and counts as 127.0.0.1.
 func spoaSettings(s *settings, _ map[string]string, p *problems) {
 	c, problem := &s.config, p.add
 	if c.SPOAListen == "" {
 		return
 	}
-	if err := checkHostPort(c.SPOAListen); err != nil {
-		problem("SPOA_LISTEN", fmt.Errorf("%q is not host:port (such as :12345 or 127.0.0.1:12345): %w", c.SPOAListen, err))
+	network, address, err := parseListen(c.SPOAListen, ":12345", "/run/authlimit/spoa.sock")
+	if err != nil {
+		problem("SPOA_LISTEN", err)
 	}
-	if len(s.trusted) == 0 {
+	s.spoaNetwork, s.spoaAddress = network, address
+	switch {
+	case len(s.trusted) == 0:
 		problem("SPOA_LISTEN", errors.New("set, but AUTHLIMIT_TRUSTED_PROXIES is none: the SPOE agent takes connections from trusted proxies alone, so HAProxy could never connect"))
+	case network == "unix" && !trusts(s.trusted, spoa.UnixPeer()):
+		problem("SPOA_LISTEN", fmt.Errorf("a Unix socket, but AUTHLIMIT_TRUSTED_PROXIES does not hold %s: a Unix socket's peer counts as %s, so HAProxy could never connect", spoa.UnixPeer(), spoa.UnixPeer()))
 	}
+}
+
+// trusts reports whether one of trusted holds a.
+func trusts(trusted []netip.Prefix, a netip.Addr) bool {
+	for _, p := range trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // describeSPOA adds the SPOE agent to -check's output.
 func (s *settings) describeSPOA(w func(k, v string)) {
-	if s.SPOAListen == "" {
+	switch {
+	case s.SPOAListen == "":
 		w("spoa", "off (AUTHLIMIT_SPOA_LISTEN unset)")
-		return
+	case s.spoaNetwork == "unix":
+		w("spoa", fmt.Sprintf("%s (HAProxy SPOE agent on a Unix socket: made with authlimit's umask, removed at exit; a peer counts as %s, one of the trusted proxies)", s.SPOAListen, spoa.UnixPeer()))
+	default:
+		w("spoa", s.SPOAListen+" (HAProxy SPOE agent; connections from the trusted proxies)")
 	}
-	w("spoa", s.SPOAListen+" (HAProxy SPOE agent; connections from the trusted proxies)")
 }
 
 // spoaFront is the SPOE agent's server and listener.
@@ -86,7 +106,7 @@ func (a *app) newSPOA(s *settings) error {
 	if err != nil {
 		return err
 	}
-	l, err := net.Listen("tcp", s.SPOAListen)
+	l, err := listen(s.spoaNetwork, s.spoaAddress)
 	if err != nil {
 		return fmt.Errorf("listen on AUTHLIMIT_SPOA_LISTEN %s: %w", s.SPOAListen, err)
 	}

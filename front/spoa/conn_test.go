@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -276,6 +277,54 @@ func TestUntrustedPeer(t *testing.T) {
 	}
 	if got := refused.Load(); got != 3 {
 		t.Errorf("Refused called %d times, want 3", got)
+	}
+}
+
+// TestUnixPeer: a peer on a Unix socket counts as UnixPeer (127.0.0.1):
+// served when Trusted holds it, closed before a byte is read and counted
+// when it does not.
+func TestUnixPeer(t *testing.T) {
+	tests := []struct {
+		name    string
+		trusted []netip.Prefix
+		served  bool
+	}{
+		{"loopback trusted", loopback, true},
+		{"127.0.0.1 alone trusted", []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, true},
+		{"loopback not trusted", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "spoa.sock")
+			l, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var accepted, refused atomic.Int64
+			serveOn(t, l, newEcho(false), func(o *Options) {
+				o.Trusted = tt.trusted
+				o.Accepted = func() { accepted.Add(1) }
+				o.Refused = func() { refused.Add(1) }
+			})
+			p := dial(t, "unix:"+sock)
+			if !tt.served {
+				_, _ = p.nc.Write(frame(frameHAProxyHello, flagFin, 0, 0, helloPayload(16380)))
+				p.closed()
+				if got := refused.Load(); got != 1 {
+					t.Errorf("Refused called %d times, want 1", got)
+				}
+				return
+			}
+			p.hello(16380)
+			msgs := encodeMessage("authlimit", str("method", "GET"))
+			p.write(frameNotify, flagFin, 1, 1, msgs)
+			if sid, fid, vars := p.ack(); sid != 1 || fid != 1 || !bytes.Equal(vars["msgs"].b, msgs) {
+				t.Errorf("ACK over the Unix socket: stream %d frame %d, variables %v", sid, fid, vars)
+			}
+			if a, r := accepted.Load(), refused.Load(); a != 1 || r != 0 {
+				t.Errorf("accepted %d, refused %d, want 1 and 0", a, r)
+			}
+		})
 	}
 }
 

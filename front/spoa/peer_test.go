@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,16 +22,23 @@ var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 // startServer serves h on a loopback port and returns the address.
 func startServer(t testing.TB, h Handler, mod func(*Options)) (string, *Server) {
 	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Addr().String(), serveOn(t, l, h, mod)
+}
+
+// serveOn serves h on l until the test ends.
+func serveOn(t testing.TB, l net.Listener, h Handler, mod func(*Options)) *Server {
+	t.Helper()
 	o := Options{Handler: h, Trusted: loopback}
 	if mod != nil {
 		mod(&o)
 	}
 	s, err := NewServer(o)
 	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+		_ = l.Close()
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
@@ -41,7 +49,7 @@ func startServer(t testing.TB, h Handler, mod func(*Options)) (string, *Server) 
 			t.Errorf("Serve = %v, want ErrServerClosed", err)
 		}
 	})
-	return l.Addr().String(), s
+	return s
 }
 
 // peer is HAProxy's end of a connection.
@@ -51,9 +59,14 @@ type peer struct {
 	br *bufio.Reader
 }
 
+// dial connects to addr: host:port, or unix:<path>.
 func dial(t testing.TB, addr string) *peer {
 	t.Helper()
-	nc, err := net.Dial("tcp", addr)
+	network := "tcp"
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		network, addr = "unix", path
+	}
+	nc, err := net.Dial(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}

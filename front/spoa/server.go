@@ -240,15 +240,19 @@ func (s *Server) trusts(a netip.Addr) bool {
 	return false
 }
 
+// UnixPeer is the address a peer that is not on an IP socket (a Unix
+// socket's) counts as: it is local, trusted if Options.Trusted holds it.
+func UnixPeer() netip.Addr { return netip.AddrFrom4([4]byte{127, 0, 0, 1}) }
+
 // remoteIP is the peer's address; a peer that is not an IP socket (a Unix
-// socket) is local.
+// socket) is UnixPeer.
 func remoteIP(nc net.Conn) netip.Addr {
 	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {
 			return ip.Unmap()
 		}
 	}
-	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	return UnixPeer()
 }
 
 func (s *Server) isClosed() bool {

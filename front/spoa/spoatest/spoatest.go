@@ -25,10 +25,15 @@ type Client struct {
 	sid uint64
 }
 
-// Dial connects to the agent at addr and does the handshake, announcing
+// Dial connects to the agent at addr, host:port or unix:<path> as
+// AUTHLIMIT_SPOA_LISTEN takes it, and does the handshake, announcing
 // maxFrame.
 func Dial(addr string, maxFrame int) (*Client, error) {
-	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	network := "tcp"
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		network, addr = "unix", path
+	}
+	nc, err := net.DialTimeout(network, addr, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
