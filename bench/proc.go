@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/authlimit/authlimit/internal/freeport"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat:
@@ -165,14 +166,14 @@ func wantStatus(url string, want int) func() error {
 	}
 }
 
-// freeAddr returns a loopback address with a port free right now.
+// freeAddr returns a loopback address with a port free right now, for a
+// process started next to bind (see package freeport).
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Get()
 	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
+		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return "127.0.0.1:" + strconv.Itoa(port), nil
 }
 
 // procStat reads a process's parent and its CPU time (user + system, all

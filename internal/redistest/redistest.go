@@ -50,6 +50,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/authlimit/authlimit/internal/freeport"
 )
 
 // EnvURL names the variable that points tests at an existing server.
@@ -194,15 +196,9 @@ func deleteKeys(node *redis.Client, prefix string) {
 	}
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, for
+// a process started next to bind (see package freeport).
+func FreePort() (int, error) { return freeport.Get() }
 
 func container(t testing.TB) (*Server, error) {
 	t.Helper()
