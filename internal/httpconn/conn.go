@@ -19,6 +19,7 @@ type Conn struct {
 	net.Conn
 	l      *Listener
 	state  atomic.Int32      // connSilent, then connSpoke or connShut
+	linger atomic.Bool       // the last answer went to a request not read whole (see Close)
 	holder *membudget.Holder // the connection's share of the listener's budget
 
 	// Read and Write run on the connection's one serving goroutine: the
@@ -31,6 +32,7 @@ type Conn struct {
 	headBuf  *[]byte          // head's pooled buffer
 	refused  bool             // a header block ended in bare line feeds
 	busy     bool             // a request's bytes came, its answer is not written yet
+	whole    bool             // a handler took the request whole (see Whole)
 	start    time.Time        // the first byte of the last request; before one, the accept
 	held     int64            // bytes the unfinished request holds in the budget (see take)
 }
@@ -115,7 +117,7 @@ func (c *Conn) readSocket(p []byte) (int, error) {
 	}
 	if n > 0 {
 		if !c.busy {
-			c.busy, c.start = true, time.Now()
+			c.busy, c.whole, c.start = true, false, time.Now()
 		}
 		c.state.CompareAndSwap(connSilent, connSpoke)
 		refused, ok := false, c.take(n)
@@ -180,6 +182,7 @@ func (c *Conn) evict() { _ = c.Conn.Close() }
 // meanwhile. It must be called on the connection's serving goroutine.
 func Whole(nc net.Conn) {
 	if c, ok := nc.(*Conn); ok {
+		c.whole = true
 		c.settle()
 	}
 }
@@ -194,6 +197,13 @@ func (c *Conn) Write(p []byte) (int, error) {
 	// pipelined request fasthttp read before this answer is not looked
 	// at: no proxy pipelines, and such a one still gets its 408.)
 	if !bytes.HasPrefix(p, continueLine) {
+		if c.busy {
+			// The answer's first write. A request no handler took
+			// whole (see Whole) is answered by fasthttp itself, 408,
+			// 400 or 431, and the connection closed while the client
+			// may still be sending it.
+			c.linger.Store(!c.whole)
+		}
 		c.scanning, c.busy = true, false
 		c.dropHead()
 		c.settle()
@@ -239,8 +249,13 @@ func (c *Conn) extend(set func(time.Time) error, d time.Time, longest time.Durat
 	return set(d) == nil
 }
 
-// Close closes the connection and gives its place in the cap back.
+// Close closes the connection and gives its place in the cap back. After
+// an answer to a request that was not read whole, it first lingers (see
+// lingerClose), holding its place meanwhile.
 func (c *Conn) Close() error {
+	if c.linger.Load() {
+		c.lingerClose()
+	}
 	c.l.mu.Lock()
 	_, open := c.l.conns[c]
 	delete(c.l.conns, c)
@@ -250,4 +265,33 @@ func (c *Conn) Close() error {
 	}
 	c.holder.Close()
 	return c.Conn.Close()
+}
+
+// How long, and for how many bytes, a closing connection reads what its
+// client still sends (see lingerClose).
+const (
+	lingerTime  = 500 * time.Millisecond
+	lingerBytes = 64 << 10
+)
+
+// lingerClose shuts the connection's write side, then reads and drops
+// what the client still sends, until it closes its side, lingerTime
+// passes or lingerBytes came. A socket closed with bytes unread, or that
+// receives bytes once closed, is reset by its kernel, and the reset can
+// destroy the answer just written before the client reads it: a client
+// that sends a request slowly (answered 408) or one too large (431) would
+// see its connection reset instead of its answer.
+func (c *Conn) lingerClose() {
+	cw, ok := c.Conn.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil || c.Conn.SetReadDeadline(time.Now().Add(lingerTime)) != nil {
+		return
+	}
+	var buf [512]byte
+	for n := 0; n < lingerBytes; {
+		m, err := c.Conn.Read(buf[:])
+		if err != nil {
+			return
+		}
+		n += m
+	}
 }

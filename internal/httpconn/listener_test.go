@@ -217,13 +217,9 @@ func TestConnTimeouts(t *testing.T) {
 		r, err := http.ReadResponse(br, nil)
 		d := time.Since(<-first)
 		switch {
-		case errors.Is(err, syscall.ECONNRESET):
-			// The server closed the connection with a trickled byte
-			// unread, so its kernel reset it, and may have dropped the
-			// 408 with it: the close is the answer, and its time what
-			// tells that trickling did not extend the read timeout.
-			t.Logf("reset rather than answered 408, %v after the first byte", d)
 		case err != nil:
+			// A reset here is the server closing with a trickled byte
+			// unread, which it must not: it lingers.
 			t.Fatalf("no answer: %v", err)
 		case r.StatusCode != 408:
 			t.Errorf("answered %d, want 408", r.StatusCode)
@@ -490,5 +486,65 @@ func TestReadAheadKeepsRequestsWhole(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLingeringClose: an answer to a request that was not read whole, as
+// fasthttp's own answers (408, 400, 431) are, and after which the
+// connection closes, reaches its client whole although the client sent
+// more meanwhile. A socket closed with bytes unread is reset by its
+// kernel, which throws away what it had not sent yet of the answer; the
+// connection lingers instead, its write side shut, reading what comes,
+// and closes once the client has closed (or after lingerTime).
+func TestLingeringClose(t *testing.T) {
+	tm := Timeouts{Read: 5 * time.Second, Write: 5 * time.Second, Idle: 10 * time.Second}
+	// Larger than the kernel's largest send buffer: the answer is still
+	// being sent when the server closes. The handler does not call
+	// Whole, as fasthttp's own answers do not.
+	body := strings.Repeat("x", 16<<20)
+	l := serveWith(t, loopback(t), tm, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(body) }, false)
+	// A small receive buffer: the answer drains slowly, so that much of
+	// it waits in the server's send buffer when the server closes.
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		if cerr := rc.Control(func(fd uintptr) {
+			err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 8<<10)
+		}); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	if _, err := br.Peek(1); err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	// The server is writing the answer: what comes now stays unread.
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Read nothing for a while: the server writes what its send buffer
+	// takes, then closes with the rest of the answer still to send.
+	time.Sleep(100 * time.Millisecond)
+	r, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	n, err := io.Copy(io.Discard, r.Body)
+	if err != nil || n != int64(len(body)) {
+		t.Fatalf("read %d of the answer's %d bytes, then %v: the connection was reset", n, len(body), err)
+	}
+	start := time.Now()
+	closedWithin(t, br, "a connection that answered with Connection: close")
+	if d := time.Since(start); d > 2*lingerTime+time.Second {
+		t.Errorf("closed %v after the answer, want within the lingering time, %v", d, lingerTime)
 	}
 }
