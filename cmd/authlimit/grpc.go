@@ -146,7 +146,7 @@ func newGRPCServer(s *settings, tlsCfg *tls.Config, conns *conncap.Cap, budget *
 		Budget:         budget,
 		Accepted:       accepted.Inc,
 		IdleTimeout:    serverTimeouts.Idle,
-		WriteTimeout:   serverTimeouts.Write,
+		WriteTimeout:   streamWriteTimeout,
 		RequestTimeout: serverTimeouts.Read,
 		Log:            log,
 	})

@@ -34,6 +34,13 @@ func (a *app) listener(l net.Listener, s *settings) *httpconn.Listener {
 // connection a proxy is about to reuse.
 var serverTimeouts = httpconn.Timeouts{Read: 10 * time.Second, Write: 10*time.Second + algo.MaxDelay, Idle: 2 * time.Minute}
 
+// streamWriteTimeout bounds the writes of the gRPC port and the SPOE
+// agent, and how long their answers may wait unread. They hold a shaped
+// request before its answer is written, not while writing it, so unlike
+// the decision listener's it leaves no room for a shaping delay: a client
+// that does not read is cut off 10 s after its answers stopped moving.
+const streamWriteTimeout = 10 * time.Second
+
 // connMetrics count what the decision and gRPC listeners do with
 // connections.
 type connMetrics struct {

@@ -97,7 +97,7 @@ func (a *app) newSPOA(s *settings) error {
 		HelloTimeout:  serverTimeouts.Read,
 		FrameTimeout:  serverTimeouts.Read,
 		IdleTimeout:   serverTimeouts.Idle,
-		WriteTimeout:  serverTimeouts.Write,
+		WriteTimeout:  streamWriteTimeout,
 		Accepted:      accepted.Inc,
 		Refused:       refused.Inc,
 		ProtocolError: func(status int) { protocol.WithLabelValues(strconv.Itoa(status)).Inc() },
