@@ -6,7 +6,8 @@
 // (/proc/sys/net/ipv4/ip_local_port_range): between the moment a port is
 // found free and the moment its process binds it, any connection made on
 // the machine (a proxy's to its upstream, a client's to Redis) can take it
-// as its source port, and the process fails to start. Ports are therefore
+// as its source port, and the process fails to start; so can it while a
+// server is down between a stop and a restart on its port. Ports are therefore
 // chosen below that range, where no source port is ever picked, at random,
 // each checked free by binding it, and never twice in one process.
 package freeport

@@ -2,9 +2,7 @@ package redistest
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -117,7 +115,7 @@ func (p *process) alive() bool {
 	}
 }
 
-// startOwned starts spec on ports from pickPort, retrying when another
+// startOwned starts spec on ports from FreePort, retrying when another
 // process took the port in between, and stops it when t ends. ports gives
 // the number of ports to pick; spec.port gets the first and withPorts
 // builds the extra arguments from all of them.
@@ -128,7 +126,7 @@ func startOwned(t testing.TB, spec procSpec, ports int, withPorts func(ports []i
 	for attempt := 0; attempt < 5; attempt++ {
 		picked := make([]int, ports)
 		for i := range picked {
-			p, err := pickPort(picked[:i]...)
+			p, err := FreePort()
 			if err != nil {
 				return nil, err
 			}
@@ -148,65 +146,6 @@ func startOwned(t testing.TB, spec procSpec, ports int, withPorts func(ports []i
 		return p, nil
 	}
 	return nil, lastErr
-}
-
-// pickPort returns a free TCP port on 127.0.0.1, chosen below the kernel's
-// ephemeral range when it can: a port from that range can be handed to an
-// outgoing connection while its server is down, and a restart on the same
-// port would then fail. not lists ports already picked.
-func pickPort(not ...int) (int, error) {
-	low := ephemeralLow()
-	const first = 20000
-	if low-first >= 1000 {
-		for attempt := 0; attempt < 50; attempt++ {
-			p := first + rand.IntN(low-first)
-			if contains(not, p) {
-				continue
-			}
-			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-			if err != nil {
-				continue
-			}
-			_ = l.Close()
-			return p, nil
-		}
-	}
-	for attempt := 0; attempt < 10; attempt++ {
-		p, err := FreePort()
-		if err != nil {
-			return 0, err
-		}
-		if !contains(not, p) {
-			return p, nil
-		}
-	}
-	return 0, errors.New("find a free port: every try was taken")
-}
-
-// ephemeralLow returns the first port of the kernel's ephemeral range.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	fields := strings.Fields(string(b))
-	if len(fields) != 2 {
-		return 32768
-	}
-	n, err := strconv.Atoi(fields[0])
-	if err != nil {
-		return 32768
-	}
-	return n
-}
-
-func contains(list []int, v int) bool {
-	for _, x := range list {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // serving tells whether the process pid serves spec's address. It checks
