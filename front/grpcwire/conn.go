@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/authlimit/authlimit/internal/membudget"
+	"github.com/authlimit/authlimit/internal/rawsock"
 )
 
 // clientPreface opens every HTTP/2 connection (RFC 9113, section 3.4).
@@ -75,7 +76,7 @@ type conn struct {
 
 	mu  sync.Mutex
 	sh  sharedState
-	raw rawWrite
+	raw *rawsock.Writer // writes what the socket takes at once; nil if it has no descriptor
 	// over is set, under mu, when more than maxBacklog bytes wait to be
 	// written, and cleared by the reader once they no longer do: the
 	// reader looks at it after every frame without taking mu.
@@ -201,7 +202,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.hold = s.opts.Budget.Holder(func() { go c.evicted() })
 	c.sh = sharedState{streams: map[uint32]*stream{}, sendWindow: defaultWindow, peerWindow: defaultWindow, maxFrame: readFrameSize}
 	c.sh.flushed.L = &c.mu
-	c.raw.conn, c.raw.fn = rawWriter(&c.raw, nc)
+	c.raw = rawsock.New(nc)
 	c.rd.br = bufio.NewReaderSize(deadlineReader{c}, 16<<10)
 	c.rd.fr = http2.NewFramer(io.Discard, c.rd.br)
 	c.rd.fr.SetReuseFrames()

@@ -2,7 +2,6 @@ package grpcwire
 
 import (
 	"errors"
-	"syscall"
 	"time"
 )
 
@@ -296,31 +295,15 @@ func (c *conn) writeDeadline() error {
 // switch per call, which is most of a small call's cost (see the package
 // doc's figures).
 //
-// So flushFor writes an asynchronous call's answer with one non-blocking
-// write(2) on the socket's file descriptor: Go keeps every socket
-// non-blocking, and syscall.RawConn.Write runs the function with the
-// descriptor while holding it open; the function returns true, so
-// RawConn.Write never waits for the socket to become writable. What the
-// socket takes is gone; what it does not (EAGAIN, a short write) is left
-// in c.sh.wbuf for a goroutine of its own, which writes it as flushLocked
-// does, waiting. The write happens under c.mu, so no other write can
-// interleave: c.sh.flushing is false (no one is writing), and the bytes
-// written are the head of c.sh.wbuf.
-//
-// The function given to RawConn.Write is made once per connection
-// (rawWriter), and reads its buffer from, and writes its outcome to,
-// rawWrite's fields: a closure made per call would allocate. A
+// So flushFor writes an asynchronous call's answer with non-blocking
+// writes on the socket's file descriptor (package rawsock), which never
+// wait for the socket to become writable. What the socket takes is gone;
+// what it does not (it is full) is left in c.sh.wbuf for a goroutine of
+// its own, which writes it as flushLocked does, waiting. The write happens
+// under c.mu, so no other write can interleave: c.sh.flushing is false (no
+// one is writing), and the bytes written are the head of c.sh.wbuf. A
 // connection without a descriptor (TLS, an in-memory pipe) has no raw
 // path: see flushFor.
-
-// rawWrite is a connection's raw write path, under c.mu.
-type rawWrite struct {
-	conn syscall.RawConn       // nil: no raw path
-	fn   func(fd uintptr) bool // writes buf to fd once, setting n and err
-	buf  []byte
-	n    int
-	err  error
-}
 
 // flushFor writes what is queued, as flushLocked does, after stream s's
 // answer was queued; c.mu is held on entry and on return. An
@@ -331,19 +314,16 @@ type rawWrite struct {
 // to a goroutine of its own, which waits as flushLocked does.
 func (c *conn) flushFor(s *stream) {
 	sh := &c.sh
-	if !s.async || c.raw.conn == nil || sh.flushing || sh.closed || len(sh.wbuf) == 0 {
+	if !s.async || c.raw == nil || sh.flushing || sh.closed || len(sh.wbuf) == 0 {
 		c.flushLocked()
 		return
 	}
-	c.raw.buf, c.raw.n, c.raw.err = sh.wbuf, 0, nil
-	err := c.raw.conn.Write(c.raw.fn)
-	c.raw.buf = nil
-	if err != nil || c.raw.err != nil && c.raw.err != syscall.EAGAIN {
-		c.flushLocked() // it writes again, and meets the error
+	n, err := c.raw.Write(sh.wbuf)
+	sh.wbuf = sh.wbuf[:copy(sh.wbuf, sh.wbuf[n:])]
+	if err != nil {
+		c.flushLocked() // it writes what is left, and meets the error
 		return
 	}
-	n := max(c.raw.n, 0)
-	sh.wbuf = sh.wbuf[:copy(sh.wbuf, sh.wbuf[n:])]
 	sh.queued = 0
 	if len(sh.wbuf) == 0 {
 		c.flushLocked() // nothing left to write: whatever ends the connection

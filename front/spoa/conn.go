@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/authlimit/authlimit/internal/membudget"
+	"github.com/authlimit/authlimit/internal/rawsock"
 )
 
 // conn is one connection from HAProxy. One goroutine, the reader, runs
@@ -42,7 +43,7 @@ type conn struct {
 	flushFn func()
 	// now writes what the socket takes at once (nil if nc is not a
 	// socket): see flushLocked.
-	now *nowWriter
+	now *rawsock.Writer
 
 	// room is signalled (without waiting) when an answer leaves the
 	// flight or the written buffer drains: the reader waits on it for
@@ -74,7 +75,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		done:     make(chan struct{}),
 	}
 	c.flushFn = c.flush
-	c.now = newNowWriter(nc)
+	c.now = rawsock.New(nc)
 	c.hold = s.opts.Budget.Holder(func() { go c.evicted() })
 	return c
 }
@@ -586,7 +587,7 @@ func (c *conn) writeNowLocked() bool {
 	c.spare = nil
 	c.flushing = true
 	c.mu.Unlock()
-	n, err := c.now.writeNow(b)
+	n, err := c.now.Write(b)
 	c.mu.Lock()
 	c.flushing = false
 	if n < len(b) {
