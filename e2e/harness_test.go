@@ -420,17 +420,24 @@ func startAuthlimitOwned(t, owner *testing.T, name string, env map[string]string
 	}
 }
 
+// healthy reports whether addr's /healthz answers 200 now.
+func healthy(addr string) bool {
+	r, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return false
+	}
+	r.Body.Close()
+	return r.StatusCode == 200
+}
+
 // servesHealthz polls addr's /healthz until it answers 200 (true) or p
 // exits (false); it fails t after 60s.
 func servesHealthz(t *testing.T, p *proc, addr string) bool {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if r, err := http.Get("http://" + addr + "/healthz"); err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				return true
-			}
+		if healthy(addr) {
+			return true
 		}
 		if p.exited() {
 			return false

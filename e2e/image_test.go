@@ -347,11 +347,8 @@ func runImage(t *testing.T, pm, img, addr string, env map[string]string, mounts 
 	})
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if r, err := http.Get("http://" + addr + "/healthz"); err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				return c
-			}
+		if healthy(addr) {
+			return c
 		}
 		if state, _ := podman(t, pm, "inspect", "-f", "{{.State.Status}}", id); state != "running" {
 			logs, _ := exec.Command(pm, "logs", id).CombinedOutput()

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/authlimit/authlimit/front/spoa"
+	"github.com/authlimit/authlimit/rules"
 )
 
 // spoaSettings checks AUTHLIMIT_SPOA_LISTEN, the address HAProxy's SPOE
@@ -30,19 +30,9 @@ func spoaSettings(s *settings, _ map[string]string, p *problems) {
 	switch {
 	case len(s.trusted) == 0:
 		problem("SPOA_LISTEN", errors.New("set, but AUTHLIMIT_TRUSTED_PROXIES is none: the SPOE agent takes connections from trusted proxies alone, so HAProxy could never connect"))
-	case network == "unix" && !trusts(s.trusted, spoa.UnixPeer()):
+	case network == "unix" && !(&rules.Proxies{Trusted: s.trusted}).Trusts(spoa.UnixPeer()):
 		problem("SPOA_LISTEN", fmt.Errorf("a Unix socket, but AUTHLIMIT_TRUSTED_PROXIES does not hold %s: a Unix socket's peer counts as %s, so HAProxy could never connect", spoa.UnixPeer(), spoa.UnixPeer()))
 	}
-}
-
-// trusts reports whether one of trusted holds a.
-func trusts(trusted []netip.Prefix, a netip.Addr) bool {
-	for _, p := range trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
 }
 
 // describeSPOA adds the SPOE agent to -check's output.
