@@ -31,6 +31,54 @@ type Done interface {
 	Decided(admitted bool, err error)
 }
 
+// RunDone is a Done that can be told its outcome within a Run.
+type RunDone interface {
+	Done
+	DecidedIn(run *Run, admitted bool, err error)
+}
+
+// Run is the outcomes a store tells one after another on one goroutine:
+// a batch's. Told an outcome within a run (see RunDone), whoever answers
+// a client over a connection may buffer the answer and leave its write
+// to the run's end (Defer): the answers of a batch bound for one
+// connection then leave in one write, which costs both ends less than a
+// write each. A Run is used by one goroutine at a time; its zero value is
+// empty.
+type Run struct {
+	later []Flusher
+}
+
+// Flusher writes what it left for a run's end.
+type Flusher interface {
+	Flush()
+}
+
+// Defer has f flushed at the run's end, once per Defer.
+func (r *Run) Defer(f Flusher) { r.later = append(r.later, f) }
+
+// End flushes what was deferred, in order, and leaves the run empty for
+// the next.
+func (r *Run) End() {
+	for i := 0; i < len(r.later); i++ {
+		f := r.later[i]
+		r.later[i] = nil
+		f.Flush()
+	}
+	r.later = r.later[:0]
+}
+
+// Tell tells d the outcome: within run if run is not nil and d can be
+// told so, else as Decided does.
+func Tell(d Done, run *Run, admitted bool, err error) {
+	if run != nil {
+		if rd, ok := d.(RunDone); ok {
+			rd.DecidedIn(run, admitted, err)
+			return
+		}
+	}
+	d.Decided(admitted, err)
+}
+
 // ErrClosed is returned by a store used after Close.
 var ErrClosed = errors.New("store closed")
 

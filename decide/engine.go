@@ -276,6 +276,13 @@ type Then interface {
 	Decided(o *Outcome)
 }
 
+// RunThen is a Then that can be told within a run of outcomes (a store's
+// batch), whose end it may leave the answer's write to: see algo.Run.
+type RunThen interface {
+	Then
+	DecidedIn(run *algo.Run, o *Outcome)
+}
+
 // DecideAsync decides in as Decide does, without holding its caller while
 // the store decides: then is told once o holds the answer, on the
 // goroutine that completes the decision, maybe before DecideAsync
@@ -324,9 +331,15 @@ func (e *Engine) decideAsync(ad AsyncDecider, o *Outcome, now time.Time, then Th
 // asyncOutcome is an Outcome waiting for its Decider's answer.
 type asyncOutcome Outcome
 
+var _ algo.RunDone = (*asyncOutcome)(nil)
+
 // Decided works the Decider's answer out into the outcome, and tells the
 // caller's Then. A panic meanwhile is a failed decision (500).
-func (a *asyncOutcome) Decided(admitted bool, err error) {
+func (a *asyncOutcome) Decided(admitted bool, err error) { a.DecidedIn(nil, admitted, err) }
+
+// DecidedIn is Decided within a run, which the caller's Then is told
+// within too if it can be (see RunThen).
+func (a *asyncOutcome) DecidedIn(run *algo.Run, admitted bool, err error) {
 	o := (*Outcome)(a)
 	e, then := o.eng, o.then
 	o.eng, o.then = nil, nil
@@ -343,6 +356,10 @@ func (a *asyncOutcome) Decided(admitted bool, err error) {
 	e.conclude(o, o.res[:len(o.reqs)], admitted, err, o.now)
 	e.done(o, o.now)
 	told = true
+	if rt, ok := then.(RunThen); ok && run != nil {
+		rt.DecidedIn(run, o)
+		return
+	}
 	then.Decided(o)
 }
 

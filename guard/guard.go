@@ -563,6 +563,8 @@ type AsyncStore interface {
 	DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool
 }
 
+var _ algo.RunDone = (*pending)(nil)
+
 // pending is a DecideAsync on its way through the store, pooled.
 type pending struct {
 	g          *Guard
@@ -634,7 +636,11 @@ func (g *Guard) decideAsync(reqs []algo.Request, res []algo.Result, d algo.Done,
 // Decided settles the store's answer as Decide does, and tells the
 // caller's Done.
 // A panic is the caller's error, as Decide's would be its caller's.
-func (p *pending) Decided(ok bool, err error) {
+func (p *pending) Decided(ok bool, err error) { p.DecidedIn(nil, ok, err) }
+
+// DecidedIn is Decided within a run, which the caller's Done is told
+// within too if it can be (see algo.Run).
+func (p *pending) DecidedIn(run *algo.Run, ok bool, err error) {
 	g, sc, d := p.g, p.sc, p.d
 	told := false
 	defer func() {
@@ -647,5 +653,5 @@ func (p *pending) Decided(ok bool, err error) {
 	g.pending.Put(p)
 	g.scratch.Put(sc)
 	told = true
-	d.Decided(ok, err)
+	algo.Tell(d, run, ok, err)
 }

@@ -544,3 +544,67 @@ func TestDenyCacheTellsKeysOfOneHashApart(t *testing.T) {
 		sha.m[ha] = d
 	}
 }
+
+// runStore is a store that tells each asynchronous outcome within a run
+// of its own, as the Redis store tells a batch's, and records it.
+type runStore struct {
+	*flaky
+	runs chan *algo.Run
+}
+
+func (s runStore) DecideAsync(reqs []algo.Request, res []algo.Result, d algo.Done) bool {
+	go func() {
+		run := new(algo.Run)
+		s.runs <- run
+		ok, err := s.Decide(context.Background(), reqs, res)
+		algo.Tell(d, run, ok, err)
+		run.End()
+	}()
+	return true
+}
+
+// runDoneChan is a doneChan that can be told within a run: it sends the
+// run it was told within.
+type runDoneChan struct {
+	doneChan
+	runs chan *algo.Run
+}
+
+func (c runDoneChan) DecidedIn(run *algo.Run, ok bool, err error) {
+	c.runs <- run
+	c.doneChan <- [2]any{ok, err}
+}
+
+// TestDecideAsyncWithinRun: an outcome the store tells within a run is
+// told to the caller within that run, if the caller's Done can be; any
+// other Done is told as Decided tells it.
+func TestDecideAsyncWithinRun(t *testing.T) {
+	var rs runStore
+	f := newFixture(t, FailClosed, func(o *Options) {
+		rs = runStore{o.Store.(*flaky), make(chan *algo.Run, 2)}
+		o.Store = rs
+	})
+	g := f.g
+	reqs := []algo.Request{{Policy: f.p, Key: []byte("a")}}
+	var res [1]algo.Result
+
+	d := runDoneChan{make(doneChan, 1), make(chan *algo.Run, 1)}
+	if !g.DecideAsync(reqs, res[:], d) {
+		t.Fatal("DecideAsync reported false")
+	}
+	if out := <-d.doneChan; out[0] != true || out[1] != nil {
+		t.Fatalf("told %v; want admitted, no error", out)
+	}
+	if got, want := <-d.runs, <-rs.runs; got != want {
+		t.Error("the caller was told within another run than the store's")
+	}
+
+	plain := make(doneChan, 1)
+	if !g.DecideAsync(reqs, res[:], plain) {
+		t.Fatal("DecideAsync reported false")
+	}
+	<-rs.runs
+	if out := <-plain; out[0] != true || out[1] != nil {
+		t.Fatalf("a plain Done was told %v; want admitted, no error", out)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/authlimit/authlimit/internal/acceptwait"
 	"github.com/authlimit/authlimit/internal/conncap"
 	"github.com/authlimit/authlimit/internal/membudget"
+	"github.com/authlimit/authlimit/internal/rawsock"
 )
 
 // ErrServerStopped is Serve's error once Stop or GracefulStop was called.
@@ -460,6 +461,8 @@ func (s *Server) Serve(l net.Listener) error {
 			_ = nc.Close()
 			continue
 		}
+		// Raw reads and writes (see package rawsock), under TLS too.
+		nc = rawsock.Wrap(nc)
 		if s.opts.TLS != nil {
 			nc = tls.Server(nc, s.opts.TLS)
 		}

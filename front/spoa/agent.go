@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/decide"
 )
 
@@ -57,6 +58,8 @@ func NewAgent(opts AgentOptions) (*Agent, error) {
 	a.scratch.New = func() any { return &scratch{a: a, out: decide.Outcome{Front: front}} }
 	return a, nil
 }
+
+var _ decide.RunThen = (*scratch)(nil)
 
 // scratch is one NOTIFY frame's working memory, pooled, so that a
 // decision allocates nothing.
@@ -142,7 +145,11 @@ func (sc *scratch) keep() {
 // Decided answers once the outcome is ready. A request a shaping rule
 // holds is answered on a goroutine of its own once its delay has passed,
 // or at once when shutdown begins.
-func (sc *scratch) Decided(o *decide.Outcome) {
+func (sc *scratch) Decided(o *decide.Outcome) { sc.DecidedIn(nil, o) }
+
+// DecidedIn is Decided within a run of outcomes, whose end the answer's
+// write may be left to (see Reply.SendIn).
+func (sc *scratch) DecidedIn(run *algo.Run, o *decide.Outcome) {
 	if o.Delay > 0 {
 		go func() {
 			defer sc.recoverSend()
@@ -152,20 +159,21 @@ func (sc *scratch) Decided(o *decide.Outcome) {
 			case <-t.C:
 			case <-sc.a.stopping:
 			}
-			sc.send(o)
+			sc.send(nil, o)
 		}()
 		return
 	}
 	defer sc.recoverSend()
-	sc.send(o)
+	sc.send(run, o)
 }
 
-// send answers with the outcome and pools sc.
-func (sc *scratch) send(o *decide.Outcome) {
+// send answers with the outcome, within run if it is not nil, and pools
+// sc.
+func (sc *scratch) send(run *algo.Run, o *decide.Outcome) {
 	r := sc.reply
 	sc.acts = appendActions(sc.acts[:0], o, r.Room())
 	sc.reply = Reply{}
-	r.Send(sc.acts)
+	r.SendIn(run, sc.acts)
 	sc.a.release(sc)
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/internal/membudget"
 	"github.com/authlimit/authlimit/internal/rawsock"
 )
@@ -61,10 +62,12 @@ type conn struct {
 	holding  bool
 	wdl      time.Time // the socket's write deadline (the writer's)
 	closed   bool
-	inflight int // NOTIFY frames handed to the Handler and not answered
+	inflight int  // NOTIFY frames handed to the Handler and not answered
+	deferred bool // a run's end will flush the buffer (see Reply.SendIn)
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
+	nc = rawsock.Wrap(nc)
 	c := &conn{
 		srv:      s,
 		nc:       nc,
@@ -520,7 +523,13 @@ func (r Reply) Room() int { return r.c.maxFrame - maxAckHeader }
 // end the connection instead: HAProxy then errs on the frame, which
 // haproxy/spoe-authlimit.conf's set-on-error reports. After the
 // connection closed, the answer is dropped.
-func (r Reply) Send(actions []byte) {
+func (r Reply) Send(actions []byte) { r.SendIn(nil, actions) }
+
+// SendIn is Send within a run of outcomes (see algo.Run): while few
+// frames are in flight, the ACK is buffered and written at the run's
+// end, with the other answers the run buffered for this connection,
+// rather than alone.
+func (r Reply) SendIn(run *algo.Run, actions []byte) {
 	c := r.c
 	defer func() { <-c.srv.slots }()
 	c.mu.Lock()
@@ -539,7 +548,26 @@ func (r Reply) Send(actions []byte) {
 	var at int
 	c.wbuf, at = startFrame(c.wbuf, frameAck, r.sid, r.fid)
 	c.wbuf = endFrame(append(c.wbuf, actions...), at)
-	c.flushLocked(c.inflight < quietInFlight)
+	quiet := c.inflight < quietInFlight
+	if run != nil && quiet {
+		deferred := c.deferred
+		c.deferred = true
+		c.mu.Unlock()
+		if !deferred {
+			run.Defer(c)
+		}
+		return
+	}
+	c.flushLocked(quiet)
+}
+
+// Flush writes, at the end of a run, what the run's answers left in the
+// buffer: what the socket takes at once, on the calling goroutine, as a
+// quiet answer is written (see flushLocked).
+func (c *conn) Flush() {
+	c.mu.Lock()
+	c.deferred = false
+	c.flushLocked(true)
 }
 
 // quietInFlight is the frames in flight on a connection below which an

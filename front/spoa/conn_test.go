@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/authlimit/authlimit/algo"
 	"github.com/authlimit/authlimit/internal/membudget"
 )
 
@@ -605,4 +606,79 @@ func TestWriteNowRest(t *testing.T) {
 	if b := <-got; !bytes.Equal(b, want) {
 		t.Fatalf("the peer got %d bytes, want %d, in order", len(b), len(want))
 	}
+}
+
+// TestSendInRun: answers told within a run (algo.Run) while few frames
+// are in flight wait in the buffer for the run's end, and leave then in
+// one write; with as many in flight as quietInFlight, an answer does not
+// wait for the run.
+func TestSendInRun(t *testing.T) {
+	s, err := NewServer(Options{Handler: newEcho(false), Trusted: loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	peer, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	nc, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newConn(s, nc)
+	defer c.close()
+	if c.now == nil {
+		t.Skip("no write without waiting on this platform")
+	}
+	// frames in flight, as the reader would have counted them.
+	inFlight := func(n int) {
+		for range n {
+			s.slots <- struct{}{}
+		}
+		c.mu.Lock()
+		c.inflight += n
+		c.mu.Unlock()
+	}
+	ack := func(sid uint64) []byte {
+		b, at := startFrame(nil, frameAck, sid, 0)
+		return endFrame(append(b, "actions"...), at)
+	}
+	// silent reports whether the peer gets nothing for a while.
+	silent := func() bool {
+		_ = peer.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		n, _ := peer.Read(make([]byte, 1))
+		return n == 0
+	}
+
+	inFlight(2)
+	run := new(algo.Run)
+	Reply{c: c, sid: 1}.SendIn(run, []byte("actions"))
+	Reply{c: c, sid: 2}.SendIn(run, []byte("actions"))
+	if !silent() {
+		t.Fatal("an answer told within a run left before the run's end")
+	}
+	run.End()
+	want := append(ack(1), ack(2)...)
+	got := make([]byte, 2*len(want))
+	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := peer.Read(got)
+	if err != nil || !bytes.Equal(got[:n], want) {
+		t.Fatalf("at the run's end the peer read %q, %v; want both answers at once, %q", got[:n], err, want)
+	}
+
+	inFlight(quietInFlight + 1)
+	run = new(algo.Run)
+	Reply{c: c, sid: 3}.SendIn(run, []byte("actions"))
+	want = ack(3)
+	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(peer, got[:len(want)]); err != nil || !bytes.Equal(got[:len(want)], want) {
+		t.Fatalf("with %d frames in flight the peer read %q, %v; want the answer before the run's end", quietInFlight+1, got[:len(want)], err)
+	}
+	run.End()
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/authlimit/authlimit/internal/acceptwait"
 	"github.com/authlimit/authlimit/internal/conncap"
 	"github.com/authlimit/authlimit/internal/membudget"
+	"github.com/authlimit/authlimit/internal/rawsock"
 )
 
 // Listener is a server's listener. It keeps the connections it accepts,
@@ -137,7 +138,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 			continue
 		}
 		inc(l.cfg.Metrics.Accepted)
-		c := &Conn{Conn: nc, l: l, scanning: true, start: time.Now()}
+		c := &Conn{Conn: rawsock.Wrap(nc), l: l, scanning: true, start: time.Now()}
 		c.holder = l.cfg.Budget.Holder(c.evict)
 		// The first deadlines: no later than any this connection's
 		// requests will have (see Conn.Read).

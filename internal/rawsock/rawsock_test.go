@@ -107,3 +107,31 @@ func TestWriteAfterClose(t *testing.T) {
 		t.Error("Write on a closed connection returned no error")
 	}
 }
+
+// TestWrapNoSocket: a connection with no socket of its own is returned
+// as it is.
+func TestWrapNoSocket(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if c := Wrap(a); c != a {
+		t.Errorf("Wrap of an in-memory pipe returned %T, not the pipe", c)
+	}
+}
+
+// ownReadWrite is a connection with Read and Write of its own over a
+// socket's.
+type ownReadWrite struct{ *net.TCPConn }
+
+func (c ownReadWrite) Read(b []byte) (int, error)  { return c.TCPConn.Read(b) }
+func (c ownReadWrite) Write(b []byte) (int, error) { return c.TCPConn.Write(b) }
+
+// TestWrapOthers: a connection that wraps a socket's, with Read and Write
+// of its own, is returned as it is: its own are not bypassed.
+func TestWrapOthers(t *testing.T) {
+	nc, _ := tcpPair(t)
+	own := ownReadWrite{nc.(*net.TCPConn)}
+	if c := Wrap(own); c != net.Conn(own) {
+		t.Errorf("Wrap of a connection with its own Read and Write returned %T", c)
+	}
+}

@@ -4,6 +4,10 @@ package rawsock
 
 import (
 	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
 	"syscall"
 )
 
@@ -26,17 +30,160 @@ func New(nc any) *Writer {
 // write writes w.b to fd until it is all written or the socket is full.
 func (w *Writer) write(fd uintptr) bool {
 	for w.n < len(w.b) {
-		m, err := syscall.Write(int(fd), w.b[w.n:])
-		switch {
-		case errors.Is(err, syscall.EINTR):
-			continue
-		case errors.Is(err, syscall.EAGAIN):
+		n, e := rawWrite(fd, w.b[w.n:])
+		switch e {
+		case 0:
+			w.n += n
+		case syscall.EINTR:
+		case syscall.EAGAIN:
 			return true // full: the rest is for the writer that waits
-		case err != nil:
-			w.err = err
+		default:
+			w.err = os.NewSyscallError("write", e)
 			return true
 		}
-		w.n += m
 	}
 	return true
+}
+
+// Conn is a connection whose Read and Write make raw system calls (see
+// the package's doc), waiting for the socket in the network poller as
+// the connection's own would, deadlines included. Its other methods are
+// the connection's. Reads are one at a time, and so are writes, as with
+// the connection's own.
+type Conn struct {
+	net.Conn
+	raw syscall.RawConn
+
+	rmu sync.Mutex
+	r   op
+	wmu sync.Mutex
+	w   op
+}
+
+// op is one Read's or Write's state, for its function, which is bound
+// once: a closure per call would allocate.
+type op struct {
+	fn  func(fd uintptr) bool
+	b   []byte
+	n   int
+	err error
+}
+
+// Wrap returns nc as a Conn if it is a TCP or Unix socket's own
+// connection; any other (TLS, an in-memory pipe, a connection that wraps
+// a socket's with Read and Write of its own) as it is.
+func Wrap(nc net.Conn) net.Conn {
+	var sc syscall.Conn
+	switch c := nc.(type) {
+	case *net.TCPConn:
+		sc = c
+	case *net.UnixConn:
+		sc = c
+	default:
+		return nc
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nc
+	}
+	c := &Conn{Conn: nc, raw: raw}
+	c.r.fn, c.w.fn = c.read, c.write
+	return c
+}
+
+// SyscallConn is the connection's own, for New and whoever else looks at
+// the socket.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.raw, nil }
+
+// CloseWrite shuts the connection's writing side, if it has one to shut.
+func (c *Conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
+// Read reads as the connection's Read does.
+func (c *Conn) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.r.b, c.r.n, c.r.err = b, 0, nil
+	err := c.raw.Read(c.r.fn)
+	n := c.r.n
+	if err == nil {
+		err = c.r.err
+	}
+	c.r.b, c.r.err = nil, nil
+	return n, c.wrap("read", err)
+}
+
+// read reads once into c.r.b, or reports false if nothing waits.
+func (c *Conn) read(fd uintptr) bool {
+	for {
+		n, e := rawRead(fd, c.r.b)
+		switch e {
+		case 0:
+			c.r.n = n
+			if n == 0 {
+				c.r.err = io.EOF
+			}
+			return true
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.r.err = os.NewSyscallError("read", e)
+			return true
+		}
+	}
+}
+
+// Write writes as the connection's Write does: all of b, or an error.
+func (c *Conn) Write(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.w.b, c.w.n, c.w.err = b, 0, nil
+	err := c.raw.Write(c.w.fn)
+	n := c.w.n
+	if err == nil {
+		err = c.w.err
+	}
+	c.w.b, c.w.err = nil, nil
+	return n, c.wrap("write", err)
+}
+
+// write writes c.w.b until it is all written, or reports false when the
+// socket is full.
+func (c *Conn) write(fd uintptr) bool {
+	for c.w.n < len(c.w.b) {
+		n, e := rawWrite(fd, c.w.b[c.w.n:])
+		switch e {
+		case 0:
+			c.w.n += n
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.w.err = os.NewSyscallError("write", e)
+			return true
+		}
+	}
+	return true
+}
+
+// wrap gives a system call's error the form the connection's own Read and
+// Write give it (a *net.OpError); the poller's own errors (a deadline, a
+// closed connection) come as RawConn gives them, a *net.OpError already,
+// and io.EOF as it is.
+func (c *Conn) wrap(op string, err error) error {
+	if _, ok := err.(*os.SyscallError); !ok {
+		return err
+	}
+	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }

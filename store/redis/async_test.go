@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -268,5 +269,113 @@ func TestDecideAsyncToldWithConnectionFree(t *testing.T) {
 	ok, err := rs.Decide(context.Background(), []algo.Request{{Policy: p, Key: []byte("b")}}, make([]algo.Result, 1))
 	if err != nil || !ok {
 		t.Errorf("Decide while an asynchronous call is told = %v, %v; want admitted", ok, err)
+	}
+}
+
+// runLog records, in order, what the Dones of TestDecideAsyncRun are told
+// and when the runs they were told in end.
+type runLog struct {
+	mu     sync.Mutex
+	events []string
+	runs   map[*algo.Run]int
+	wg     sync.WaitGroup
+}
+
+func (l *runLog) add(e string) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+}
+
+// runDone is a Done that can be told within a run, and leaves a flush to
+// its end.
+type runDone struct {
+	log *runLog
+	id  int
+}
+
+func (d *runDone) Decided(admitted bool, err error) {
+	// Told outside a run: no flush will come.
+	d.log.add(fmt.Sprintf("decided %d alone", d.id))
+	d.log.wg.Done()
+}
+
+func (d *runDone) DecidedIn(run *algo.Run, admitted bool, err error) {
+	d.log.mu.Lock()
+	d.log.runs[run]++
+	d.log.events = append(d.log.events, fmt.Sprintf("decided %d", d.id))
+	d.log.mu.Unlock()
+	run.Defer(runFlush{d})
+}
+
+type runFlush struct{ d *runDone }
+
+func (f runFlush) Flush() {
+	f.d.log.add(fmt.Sprintf("flushed %d", f.d.id))
+	f.d.log.wg.Done()
+}
+
+// TestDecideAsyncRun: the calls of one batch are told their outcomes in
+// one run (algo.Run), every one of them before the run ends, and the run
+// ends once, flushing what each deferred.
+func TestDecideAsyncRun(t *testing.T) {
+	srv := redistest.New(t)
+	proxy := redistest.NewLatencyProxy(t, srv.Addr)
+	opts, err := goredis.ParseURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Addr, opts.MaxRetries, opts.ContextTimeoutEnabled, opts.PoolSize = proxy.Addr, -1, true, 4
+	client := goredis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	rs := New(client, Options{Prefix: srv.Prefix(t), Timeout: 5 * time.Second, Conns: 1, MaxBatch: 16})
+	t.Cleanup(func() { _ = rs.Close() })
+	if err := rs.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p := algotest.MustPolicy(t, algo.Spec{Name: "async-run", Algorithm: algo.FixedWindow, Limit: 100, Window: time.Hour})
+	// The first call holds the only connection, its reply held by the
+	// proxy; the five after it queue meanwhile and go in one batch once
+	// it is back.
+	proxy.Pause()
+	first := &asyncDone{wg: new(sync.WaitGroup)}
+	first.wg.Add(1)
+	if !rs.DecideAsync([]algo.Request{{Policy: p, Key: []byte("first")}}, make([]algo.Result, 1), first) {
+		t.Fatal("DecideAsync reported false")
+	}
+	for deadline := time.Now().Add(5 * time.Second); rs.slots.free() > 0 || len(rs.queue) > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first call was not sent")
+		}
+	}
+	const n = 5
+	log := &runLog{runs: map[*algo.Run]int{}}
+	log.wg.Add(n) // done when flushed, or told alone
+	for i := range n {
+		d := &runDone{log: log, id: i}
+		if !rs.DecideAsync([]algo.Request{{Policy: p, Key: []byte(fmt.Sprint("k", i))}}, make([]algo.Result, 1), d) {
+			t.Fatal("DecideAsync reported false")
+		}
+	}
+	proxy.Resume()
+	first.wg.Wait()
+	told := make(chan struct{})
+	go func() { log.wg.Wait(); close(told) }()
+	select {
+	case <-told:
+	case <-time.After(10 * time.Second):
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		t.Fatalf("not every call was told and flushed: %v", log.events)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if len(log.runs) != 1 {
+		t.Fatalf("the batch's calls were told in %d runs (%v); want one", len(log.runs), log.events)
+	}
+	for i, e := range log.events {
+		if want := i >= n; strings.HasPrefix(e, "flushed") != want {
+			t.Fatalf("events %v: want every call told, then every flush", log.events)
+		}
 	}
 }

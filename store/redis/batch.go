@@ -240,17 +240,26 @@ func (r *Store) free(w *worker) {
 		r.handOn()
 		return
 	}
-	t := r.tells.Get().(*[]told)
-	*t = append((*t)[:0], w.told...)
+	t := r.tells.Get().(*tellRun)
+	t.told = append(t.told[:0], w.told...)
 	clear(w.told)
 	w.told = w.told[:0]
 	r.slots.put(w)
 	r.handOn()
-	for _, x := range *t {
-		x.d.Decided(x.admitted, x.err)
+	// One run: a front may leave its answers' writes to its end, so that
+	// the batch's answers to one connection leave in one write.
+	for _, x := range t.told {
+		algo.Tell(x.d, &t.run, x.admitted, x.err)
 	}
-	clear(*t)
+	t.run.End()
+	clear(t.told)
 	r.tells.Put(t)
+}
+
+// tellRun is a batch's outcomes being told, pooled: see free.
+type tellRun struct {
+	told []told
+	run  algo.Run
 }
 
 // MarshalBinary is the batch as a command argument (go-redis writes an

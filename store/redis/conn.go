@@ -14,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/authlimit/authlimit/algo"
+	"github.com/authlimit/authlimit/internal/rawsock"
 )
 
 // idleCheck is how long a decide connection may sit unused before it is
@@ -215,7 +216,7 @@ func (wr *decideDialer) open(ctx context.Context, deadline time.Time) (*respConn
 		}
 		return nil, fmt.Errorf("%w: %w", errDial, err)
 	}
-	c := &respConn{nc: nc, sc: socket(nc), in: make([]byte, 0, 512)}
+	c := &respConn{nc: rawsock.Wrap(nc), sc: socket(nc), in: make([]byte, 0, 512)}
 	var names []string
 	switch {
 	case pass != "" && user != "":

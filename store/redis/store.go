@@ -87,7 +87,7 @@ type Store struct {
 	refundN chan struct{}  // callers applying refunds now (see refundNow)
 	owed    sync.WaitGroup // refunds queued or being applied
 	calls   sync.Pool
-	tells   sync.Pool // *[]told, for free
+	tells   sync.Pool // *tellRun, for free
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	closed  sync.Once
@@ -185,7 +185,7 @@ func New(client goredis.UniversalClient, opts Options) *Store {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
 	r.seq.Store(binary.LittleEndian.Uint64(b[:]) >> 12)
-	r.tells.New = func() any { return new([]told) }
+	r.tells.New = func() any { return new(tellRun) }
 	r.calls.New = func() any {
 		c := &call{done: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 		c.timer.Stop()
