@@ -549,10 +549,10 @@ func (h *hookConn) Write(b []byte) (int, error) {
 
 func (h *hookConn) SetWriteDeadline(time.Time) error { return nil }
 
-// TestWriteNowRest: what the socket does not take at once stays first in
-// the buffer, before an answer buffered after it, and goes out whole
-// once the peer reads: the peer gets every byte, in order.
-func TestWriteNowRest(t *testing.T) {
+// socketConn is an agent connection on one end of a loopback TCP
+// connection, and the other end (HAProxy's), both closed when t ends.
+func socketConn(t *testing.T) (*conn, net.Conn) {
+	t.Helper()
 	s, err := NewServer(Options{Handler: newEcho(false), Trusted: loopback})
 	if err != nil {
 		t.Fatal(err)
@@ -566,16 +566,24 @@ func TestWriteNowRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer peer.Close()
+	t.Cleanup(func() { _ = peer.Close() })
 	nc, err := l.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := newConn(s, nc)
-	defer c.close()
+	t.Cleanup(c.close)
 	if c.now == nil {
 		t.Skip("no write without waiting on this platform")
 	}
+	return c, peer
+}
+
+// TestWriteNowRest: what the socket does not take at once stays first in
+// the buffer, before an answer buffered after it, and goes out whole
+// once the peer reads: the peer gets every byte, in order.
+func TestWriteNowRest(t *testing.T) {
+	c, peer := socketConn(t)
 	// More than the two sockets' buffers hold (Linux grows each to a
 	// few MiB at most).
 	want := make([]byte, 32<<20)
@@ -613,29 +621,8 @@ func TestWriteNowRest(t *testing.T) {
 // one write; with as many in flight as quietInFlight, an answer does not
 // wait for the run.
 func TestSendInRun(t *testing.T) {
-	s, err := NewServer(Options{Handler: newEcho(false), Trusted: loopback})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	peer, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	nc, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newConn(s, nc)
-	defer c.close()
-	if c.now == nil {
-		t.Skip("no write without waiting on this platform")
-	}
+	c, peer := socketConn(t)
+	s := c.srv
 	// frames in flight, as the reader would have counted them.
 	inFlight := func(n int) {
 		for range n {

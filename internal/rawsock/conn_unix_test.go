@@ -18,31 +18,7 @@ import (
 // unixPair is tcpPair over a Unix socket.
 func unixPair(t *testing.T) (nc, peer net.Conn) {
 	t.Helper()
-	l, err := net.Listen("unix", t.TempDir()+"/s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	nc, err = net.Dial("unix", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nc.Close() })
-	peer = <-accepted
-	if peer == nil {
-		t.Fatal("no connection accepted")
-	}
-	t.Cleanup(func() { _ = peer.Close() })
-	return nc, peer
+	return socketPair(t, "unix", t.TempDir()+"/s")
 }
 
 // TestConnBothWays: a wrapped connection carries blocks far larger than

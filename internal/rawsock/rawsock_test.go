@@ -13,7 +13,14 @@ import (
 // ends.
 func tcpPair(t *testing.T) (nc, peer net.Conn) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	return socketPair(t, "tcp", "127.0.0.1:0")
+}
+
+// socketPair returns both ends of a connection to a listener on network
+// and address, closed when t ends.
+func socketPair(t *testing.T, network, address string) (nc, peer net.Conn) {
+	t.Helper()
+	l, err := net.Listen(network, address)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +34,7 @@ func tcpPair(t *testing.T) (nc, peer net.Conn) {
 		}
 		accepted <- c
 	}()
-	nc, err = net.Dial("tcp", l.Addr().String())
+	nc, err = net.Dial(network, l.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
