@@ -27,22 +27,30 @@ func New(nc any) *Writer {
 	return w
 }
 
-// write writes w.b to fd until it is all written or the socket is full.
+// write writes w.b to fd until it is all written or the socket is full,
+// whose rest is for the writer that waits.
 func (w *Writer) write(fd uintptr) bool {
-	for w.n < len(w.b) {
-		n, e := rawWrite(fd, w.b[w.n:])
+	_, w.err = writeUntilFull(fd, w.b, &w.n)
+	return true
+}
+
+// writeUntilFull writes b[*n:] to fd, adding what it wrote to *n, until
+// all of b is written or the socket is full (full); its error is one
+// other than a full socket.
+func writeUntilFull(fd uintptr, b []byte, n *int) (full bool, err error) {
+	for *n < len(b) {
+		m, e := rawWrite(fd, b[*n:])
 		switch e {
 		case 0:
-			w.n += n
+			*n += m
 		case syscall.EINTR:
 		case syscall.EAGAIN:
-			return true // full: the rest is for the writer that waits
+			return true, nil
 		default:
-			w.err = os.NewSyscallError("write", e)
-			return true
+			return false, os.NewSyscallError("write", e)
 		}
 	}
-	return true
+	return false, nil
 }
 
 // Conn is a connection whose Read and Write make raw system calls (see
@@ -161,20 +169,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 // write writes c.w.b until it is all written, or reports false when the
 // socket is full.
 func (c *Conn) write(fd uintptr) bool {
-	for c.w.n < len(c.w.b) {
-		n, e := rawWrite(fd, c.w.b[c.w.n:])
-		switch e {
-		case 0:
-			c.w.n += n
-		case syscall.EINTR:
-		case syscall.EAGAIN:
-			return false
-		default:
-			c.w.err = os.NewSyscallError("write", e)
-			return true
-		}
-	}
-	return true
+	full, err := writeUntilFull(fd, c.w.b, &c.w.n)
+	c.w.err = err
+	return !full
 }
 
 // wrap gives a system call's error the form the connection's own Read and
