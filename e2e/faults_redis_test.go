@@ -835,15 +835,15 @@ func TestFaultSentinelFailover(t *testing.T) {
 	localDuring := between(localAs, killed, safeBefore)
 
 	faults.Record(t, faultlog.Row{
-		Fault:    "Sentinel: master killed under load (fail mode open)",
-		Expected: "during the failover fail-mode answers (200 without headers) or 503, within the budget + margin; decisions back on Redis soon after the promotion; the limit decided by Redis exact across the failover",
+		Fault:    "Sentinel: master killed under load, its replica in sync (fail mode open)",
+		Expected: "during the failover fail-mode answers (200 without headers) or 503, within the budget + margin; decisions back on Redis soon after the promotion; the limit decided by Redis exact across the failover, the replica having every write the master answered",
 		Observed: fmt.Sprintf("%s → %s promoted %s after the kill; during the failover %s; back on Redis %s after the promotion (%s after the kill); Redis-decided admissions per client %s of %d; %v probes",
 			dead.Addr, promotedTo.Addr, ms(took), tally(openDuring), ms(backOpen.Sub(promoted)), ms(backOpen.Sub(killed)), strings.Join(exact, ", "), limit, delta(open, "authlimit_store_probes_total")),
 		WorstLatency: slowest(openAs),
 		Recovery:     backOpen.Sub(killed),
 	})
 	faults.Record(t, faultlog.Row{
-		Fault:    "Sentinel: master killed under load (fail mode local)",
+		Fault:    "Sentinel: master killed under load, its replica in sync (fail mode local)",
 		Expected: "during the failover the local fallback (or 503) within the budget + margin, continuing from Redis's admissions: no client beyond its limit before Redis is back",
 		Observed: fmt.Sprintf("during the failover %s; circuit closed %s after the promotion (%s after the kill); admitted per client before that %s of %d; after it Redis, which does not learn of local admissions, admitted %s more (Redis-decided in all: %s)",
 			tally(localDuring), ms(closedLocal.Sub(promoted)), ms(closedLocal.Sub(killed)), strings.Join(beforeBack, ", "), limit, strings.Join(afterBack, ", "), strings.Join(byRedis, ", ")),

@@ -186,6 +186,15 @@ func (s *SentinelTopology) server(addr string) *Server {
 // as a crash, records when for WaitFailover, and returns it. Restart on
 // the returned server brings it back, empty; the sentinels then turn it
 // into a replica of the new master.
+//
+// The crash loses no write the master answered. Redis replicates
+// asynchronously and does not promise that: a master killed at random may
+// die holding writes its replica never saw, and the promoted replica then
+// forgets them. Tests that count a limit exactly across a failover need
+// the replica to hold every answered write, so KillMaster first pauses
+// clients' writes (CLIENT PAUSE WRITE) and waits until the replica has
+// processed the master's whole replication stream. Writes that arrive
+// during the pause wait in the master and fail at the kill, as at a crash.
 func (s *SentinelTopology) KillMaster(t testing.TB) *Server {
 	t.Helper()
 	addr := s.MasterAddr(t)
@@ -193,11 +202,48 @@ func (s *SentinelTopology) KillMaster(t testing.TB) *Server {
 	if srv == nil {
 		s.fatalf(t, "KillMaster: the sentinels name %s, which the test did not start", addr)
 	}
+	if err := s.replicated(srv); err != nil {
+		s.fatalf(t, "KillMaster: %v", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	srv.Stop(t)
 	s.killed, s.killedAt = srv, time.Now()
 	return srv
+}
+
+// replicatedTimeout bounds how long KillMaster waits for the replica to
+// catch up with a master whose writes it paused.
+const replicatedTimeout = 10 * time.Second
+
+// replicated pauses master's clients' writes and returns once every other
+// data server has processed master's whole replication stream.
+func (s *SentinelTopology) replicated(master *Server) error {
+	// Longer than the wait below and the kill after it; the kill ends it.
+	pause := (replicatedTimeout + 30*time.Second).Milliseconds()
+	if _, err := command(master.Addr, "CLIENT", "PAUSE", pause, "WRITE"); err != nil {
+		return fmt.Errorf("pause writes on %s: %w", master.Addr, err)
+	}
+	return poll(replicatedTimeout, func() error {
+		info, err := commandString(master.Addr, "INFO", "replication")
+		if err != nil {
+			return fmt.Errorf("master %s: %w", master.Addr, err)
+		}
+		want := infoField(info, "master_repl_offset")
+		for _, r := range s.Servers {
+			if r == master {
+				continue
+			}
+			info, err := commandString(r.Addr, "INFO", "replication")
+			if err != nil {
+				return fmt.Errorf("replica %s: %w", r.Addr, err)
+			}
+			if got := infoField(info, "master_repl_offset"); got != want {
+				return fmt.Errorf("replica %s at offset %s, master %s at %s", r.Addr, got, master.Addr, want)
+			}
+		}
+		return nil
+	})
 }
 
 // WaitFailover waits until every sentinel that answers names a master
