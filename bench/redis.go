@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/authlimit/authlimit/internal/freeport"
 )
 
 // redisServer is a redis-server on a loopback port, with a client of the
@@ -222,13 +224,25 @@ func startCluster(ctx context.Context, dir, bin string, n int) ([]*redisServer, 
 			r.stop()
 		}
 	}
+	var firstBus int
 	for i := 0; i < n; i++ {
-		r, err := startRedisNamed(ctx, dir, fmt.Sprintf("redis-%d", i), bin,
-			"--cluster-enabled", "yes", "--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i),
-			"--cluster-node-timeout", "5000")
+		// The cluster bus's port, chosen as the client port is: Redis's
+		// default, the client port + 10000, may be in the range the kernel
+		// takes source ports from, or past 65535.
+		bus, err := freeport.Get()
 		if err != nil {
 			stop()
 			return nil, err
+		}
+		r, err := startRedisNamed(ctx, dir, fmt.Sprintf("redis-%d", i), bin,
+			"--cluster-enabled", "yes", "--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i),
+			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(bus))
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		if i == 0 {
+			firstBus = bus
 		}
 		nodes = append(nodes, r)
 	}
@@ -237,7 +251,7 @@ func startCluster(ctx context.Context, dir, bin string, n int) ([]*redisServer, 
 		lo, hi := i*clusterSlots/n, (i+1)*clusterSlots/n-1
 		steps := [][]any{{"cluster", "set-config-epoch", i + 1}, {"cluster", "addslotsrange", lo, hi}}
 		if i > 0 {
-			steps = append(steps, []any{"cluster", "meet", "127.0.0.1", firstPort})
+			steps = append(steps, []any{"cluster", "meet", "127.0.0.1", firstPort, firstBus})
 		}
 		for _, args := range steps {
 			if err := r.client.Do(ctx, args...).Err(); err != nil {
