@@ -43,6 +43,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -262,13 +263,21 @@ func NewCluster(t testing.TB) *Cluster {
 		t.Fatalf("redistest: no Redis Cluster for the tests. Set %s to a cluster's node addresses, or put redis-server on PATH (Debian: apt-get install redis-server)", EnvClusterAddrs)
 	}
 	c := &Cluster{}
+	var buses []int
 	for i := 0; i < 3; i++ {
-		s, err := Start(t, path, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		// The bus on a port chosen as the client's is: Redis's default, the
+		// client port + 10000, may be a source port in use.
+		bus, err := FreePort()
+		if err != nil {
+			t.Fatalf("redistest: cluster bus port: %v", err)
+		}
+		s, err := Start(t, path, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--cluster-port", strconv.Itoa(bus))
 		if err != nil {
 			t.Fatalf("redistest: cluster node: %v", err)
 		}
 		c.Nodes = append(c.Nodes, s)
 		c.Addrs = append(c.Addrs, s.Addr)
+		buses = append(buses, bus)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -281,7 +290,7 @@ func NewCluster(t testing.TB) *Cluster {
 		}
 		if i > 0 {
 			host, port, _ := net.SplitHostPort(c.Addrs[0])
-			if err := node.Do(ctx, "CLUSTER", "MEET", host, port).Err(); err != nil {
+			if err := node.Do(ctx, "CLUSTER", "MEET", host, port, buses[0]).Err(); err != nil {
 				t.Fatalf("redistest: CLUSTER MEET from %s: %v", addr, err)
 			}
 		}
