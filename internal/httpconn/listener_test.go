@@ -141,9 +141,9 @@ func TestConnTimeouts(t *testing.T) {
 	// test's own sleeps and reads run late. Under the race detector, beside
 	// other packages' tests, a client began its request 300 ms after its
 	// connection (the read timeout was 300 ms then: the server rightly took
-	// it for a silent one), and a server wrote its 408 past the write
-	// timeout. Neither is the behaviour under test, and a second makes both
-	// unlikely.
+	// it for a silent one), and connections ended with no answer, as when a
+	// server comes to write its 408 past the write deadline. Neither is the
+	// behaviour under test, and a second makes both unlikely.
 	tm := Timeouts{Read: time.Second, Write: time.Second, Idle: 6 * time.Second}
 	// soon is well within the idle timeout: what should end a read timeout
 	// after it began must not wait for the idle one.
