@@ -157,6 +157,12 @@ func TestAsyncGracefulStop(t *testing.T) {
 // TestAsyncSendNeverWaits: Send writes what the client's socket takes and
 // returns: a client that reads nothing holds up no one answering it, as
 // the goroutine that completes many clients' decisions answers them.
+//
+// Every call reaches the handler before any is answered: once a
+// connection's unwritten answers pass maxBacklog its reader reads no more
+// frames until the client reads (waitBacklog), so answering while calls
+// are still on their way could leave the rest unread, depending on how
+// much the kernel's socket buffers had taken by then.
 func TestAsyncSendNeverWaits(t *testing.T) {
 	_, a, addr := asyncServer(t)
 	r := rawDial(t, addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 30})
@@ -168,8 +174,16 @@ func TestAsyncSendNeverWaits(t *testing.T) {
 	for i := range calls {
 		r.asyncCall(uint32(2*i+1), string(big))
 	}
-	for range calls {
-		c := <-a.calls
+	started := make([]asyncCall, 0, calls)
+	for len(started) < calls {
+		select {
+		case c := <-a.calls:
+			started = append(started, c)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d calls reached the handler", len(started), calls)
+		}
+	}
+	for _, c := range started {
 		start := time.Now()
 		c.answer(t)
 		if d := time.Since(start); d > time.Second {
