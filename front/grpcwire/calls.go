@@ -214,6 +214,7 @@ func (c *conn) respondLocked(s *stream, out *[]byte, st *status.Status) {
 		c.finishLocked(s)
 		return
 	}
+	c.sh.answered = true
 	if st != nil {
 		// An error, or the end of a server-streaming call.
 		putBuf(out)

@@ -142,9 +142,12 @@ type sharedState struct {
 	goingAway   bool      // GOAWAY sent: no call beyond lastStream
 	lastStream  uint32
 	peerGone    bool // the client sent GOAWAY
-	closing     bool // the socket is closing once written
-	halfClosed  bool // the last frames are written
-	closed      bool
+	// answered: a call was answered since the client's last PING (see
+	// frame's PING case).
+	answered   bool
+	closing    bool // the socket is closing once written
+	halfClosed bool // the last frames are written
+	closed     bool
 }
 
 // stream is one call. Its fields are grouped as conn's are: id, m and

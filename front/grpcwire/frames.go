@@ -14,8 +14,8 @@ import (
 // off.
 const maxQueuedControl = 10000
 
-// Frames that cost the server work and move nothing forward: a PING, a
-// SETTINGS after the first, an acknowledgement never asked for, an empty
+// Frames that cost the server work and move nothing forward: a PING (but
+// the first after a call was answered), a SETTINGS after the first, an acknowledgement never asked for, an empty
 // CONTINUATION or DATA that ends nothing, PRIORITY (ignored here), an
 // unknown type, a WINDOW_UPDATE or RST_STREAM for a stream that is gone,
 // a frame that only earns its stream a reset. A client may send a few,
@@ -106,9 +106,20 @@ func (c *conn) frame(f http2.Frame) error {
 		}
 		return c.settings(f)
 	case *http2.PingFrame:
-		// The server sends no PING: an ACK answers nothing.
-		if err := c.idleFrame(); err != nil {
-			return err
+		// The server sends no PING: an ACK answers nothing. A PING moves
+		// nothing forward either, unless a call was answered since the
+		// last one: a client that measures the connection as answers
+		// arrive (grpc-go's BDP estimator pings at most once per round
+		// trip, on receiving data) is let be, as grpc-go's server lets it
+		// be, and such pings number at most the calls answered.
+		c.mu.Lock()
+		answered := c.sh.answered && !f.IsAck()
+		c.sh.answered = false
+		c.mu.Unlock()
+		if !answered {
+			if err := c.idleFrame(); err != nil {
+				return err
+			}
 		}
 		if f.IsAck() {
 			return nil

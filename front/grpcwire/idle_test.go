@@ -2,18 +2,24 @@ package grpcwire
 
 import (
 	"bytes"
+	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 )
 
-// idleKinds are the frames that move nothing forward, each written by
-// frame (n counting from 0) after setup on the connection.
-var idleKinds = []struct {
+// idleKind is a frame that moves nothing forward: setup readies the
+// connection, frame writes the n-th (counting from 0).
+type idleKind struct {
 	name  string
 	setup func(r *raw)
 	frame func(r *raw, fr *http2.Framer, n uint32) error
-}{
+}
+
+// idleKinds are the frames that move nothing forward, each written by
+// frame (n counting from 0) after setup on the connection.
+var idleKinds = []idleKind{
 	{"empty CONTINUATION", func(r *raw) {
 		r.open = r.block(grpcHeaders(echoPath)...)
 		_ = r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: r.open[:1]})
@@ -99,5 +105,44 @@ func TestIdleFramesAllowed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPingsAsAnswersArrive: a client that pings each time an answer
+// arrives, as grpc-go's BDP estimator does, is not cut off however many
+// calls it makes within idleWindow; only the first PING after an answer
+// is let be, so a burst of them after one still ends the connection.
+func TestPingsAsAnswersArrive(t *testing.T) {
+	_, _, _, addr := testServer(t, Options{})
+	r := rawDial(t, addr)
+	start := time.Now()
+	const calls = maxIdleFrames + 100
+	for i := range calls {
+		id := uint32(2*i + 1)
+		r.call(id, "x")
+		for done := false; !done; {
+			switch f := r.read().(type) {
+			case nil:
+				t.Fatalf("the connection ended after %d calls, each followed by a PING", i)
+			case *http2.GoAwayFrame:
+				t.Fatalf("GOAWAY %v after %d calls, each followed by a PING", f.ErrCode, i)
+			case *http2.MetaHeadersFrame:
+				done = f.StreamID == id && f.StreamEnded()
+			}
+		}
+		if err := r.fr.WritePing(false, [8]byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d calls, each followed by a PING, in %v", calls, time.Since(start))
+
+	r = rawDial(t, addr)
+	r.call(1, "x")
+	if a := r.answer(1); a.grpcStatus != "0" {
+		t.Fatalf("call answered %+v", a)
+	}
+	writeIdle(t, r, slices.IndexFunc(idleKinds, func(k idleKind) bool { return k.name == "PING" }), maxIdleFrames+10)
+	if g := r.goAway(); g.ErrCode != http2.ErrCodeEnhanceYourCalm {
+		t.Errorf("GOAWAY %v after an answer and %d PINGs, want ENHANCE_YOUR_CALM", g.ErrCode, maxIdleFrames+10)
 	}
 }
