@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/authlimit/authlimit/internal/clusterform"
 	"github.com/authlimit/authlimit/internal/freeport"
 )
 
@@ -211,9 +212,6 @@ func (r *redisServer) keyMemory(ctx context.Context) (keys int, bytes int64, err
 	}
 }
 
-// clusterSlots is the number of Redis Cluster hash slots.
-const clusterSlots = 16384
-
 // startCluster starts a Redis Cluster of n primaries without replicas, each
 // serving an equal range of slots, and waits until every node says the
 // cluster is ok and knows the others.
@@ -224,11 +222,10 @@ func startCluster(ctx context.Context, dir, bin string, n int) ([]*redisServer, 
 			r.stop()
 		}
 	}
-	var firstBus int
+	var members []clusterform.Node
 	for i := 0; i < n; i++ {
-		// The cluster bus's port, chosen as the client port is: Redis's
-		// default, the client port + 10000, may be in the range the kernel
-		// takes source ports from, or past 65535.
+		// The cluster bus's port, chosen as the client port is (see
+		// clusterform.Node).
 		bus, err := freeport.Get()
 		if err != nil {
 			stop()
@@ -241,38 +238,12 @@ func startCluster(ctx context.Context, dir, bin string, n int) ([]*redisServer, 
 			stop()
 			return nil, err
 		}
-		if i == 0 {
-			firstBus = bus
-		}
 		nodes = append(nodes, r)
+		members = append(members, clusterform.Node{Addr: r.addr, Bus: bus})
 	}
-	_, firstPort, _ := strings.Cut(nodes[0].addr, ":")
-	for i, r := range nodes {
-		lo, hi := i*clusterSlots/n, (i+1)*clusterSlots/n-1
-		steps := [][]any{{"cluster", "set-config-epoch", i + 1}, {"cluster", "addslotsrange", lo, hi}}
-		if i > 0 {
-			steps = append(steps, []any{"cluster", "meet", "127.0.0.1", firstPort, firstBus})
-		}
-		for _, args := range steps {
-			if err := r.client.Do(ctx, args...).Err(); err != nil {
-				stop()
-				return nil, fmt.Errorf("redis cluster: %v on %s: %w", args, r.addr, err)
-			}
-		}
-	}
-	ok := func() error {
-		for _, r := range nodes {
-			info, err := r.client.ClusterInfo(ctx).Result()
-			if err != nil {
-				return err
-			}
-			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) {
-				return fmt.Errorf("%s: not ok yet", r.addr)
-			}
-		}
-		return nil
-	}
-	if err := waitReady(ctx, "redis cluster", 20*time.Second, ok, nodes[0].proc); err != nil {
+	formCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := clusterform.Form(formCtx, members); err != nil {
 		stop()
 		return nil, err
 	}

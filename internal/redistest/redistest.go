@@ -52,6 +52,7 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
 
+	"github.com/authlimit/authlimit/internal/clusterform"
 	"github.com/authlimit/authlimit/internal/freeport"
 )
 
@@ -263,10 +264,10 @@ func NewCluster(t testing.TB) *Cluster {
 		t.Fatalf("redistest: no Redis Cluster for the tests. Set %s to a cluster's node addresses, or put redis-server on PATH (Debian: apt-get install redis-server)", EnvClusterAddrs)
 	}
 	c := &Cluster{}
-	var buses []int
+	var members []clusterform.Node
 	for i := 0; i < 3; i++ {
-		// The bus on a port chosen as the client's is: Redis's default, the
-		// client port + 10000, may be a source port in use.
+		// The bus on a port chosen as the client's is (see
+		// clusterform.Node).
 		bus, err := FreePort()
 		if err != nil {
 			t.Fatalf("redistest: cluster bus port: %v", err)
@@ -277,38 +278,12 @@ func NewCluster(t testing.TB) *Cluster {
 		}
 		c.Nodes = append(c.Nodes, s)
 		c.Addrs = append(c.Addrs, s.Addr)
-		buses = append(buses, bus)
+		members = append(members, clusterform.Node{Addr: s.Addr, Bus: bus})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	// Split the 16384 slots between the nodes and introduce them.
-	for i, addr := range c.Addrs {
-		node := redis.NewClient(&redis.Options{Addr: addr})
-		lo, hi := i*16384/len(c.Addrs), (i+1)*16384/len(c.Addrs)-1
-		if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
-			t.Fatalf("redistest: CLUSTER ADDSLOTSRANGE on %s: %v", addr, err)
-		}
-		if i > 0 {
-			host, port, _ := net.SplitHostPort(c.Addrs[0])
-			if err := node.Do(ctx, "CLUSTER", "MEET", host, port, buses[0]).Err(); err != nil {
-				t.Fatalf("redistest: CLUSTER MEET from %s: %v", addr, err)
-			}
-		}
-		_ = node.Close()
-	}
-	for _, addr := range c.Addrs {
-		node := redis.NewClient(&redis.Options{Addr: addr})
-		for {
-			info, err := node.ClusterInfo(ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:3") {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("redistest: cluster not ready on %s: %v %s", addr, err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		_ = node.Close()
+	if err := clusterform.Form(ctx, members); err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
 	return c
 }
