@@ -15,14 +15,14 @@ import (
 const maxQueuedControl = 10000
 
 // Frames that cost the server work and move nothing forward: a PING (but
-// the first after a call was answered), a SETTINGS after the first, an acknowledgement never asked for, an empty
-// CONTINUATION or DATA that ends nothing, PRIORITY (ignored here), an
-// unknown type, a WINDOW_UPDATE or RST_STREAM for a stream that is gone,
-// a frame that only earns its stream a reset. A client may send a few,
-// as keep-alives and leftovers of a race; more than maxIdleFrames within
-// idleWindow end the connection (GOAWAY ENHANCE_YOUR_CALM), as x/net's
-// server ends a CONTINUATION flood and grpc-go's a client that pings too
-// often.
+// the first after a call was answered), a SETTINGS after the first, an
+// acknowledgement never asked for, an empty CONTINUATION or DATA that ends
+// nothing, PRIORITY (ignored here), an unknown type, a WINDOW_UPDATE or
+// RST_STREAM for a stream that is gone, a frame that only earns its stream
+// a reset. A client may send a few, as keep-alives and leftovers of a
+// race; more than maxIdleFrames within idleWindow end the connection
+// (GOAWAY ENHANCE_YOUR_CALM), as x/net's server ends a CONTINUATION flood
+// and grpc-go's a client that pings too often.
 const (
 	maxIdleFrames = 1000
 	idleWindow    = time.Second
